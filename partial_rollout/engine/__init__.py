@@ -1,0 +1,1 @@
+"""The engine adapter: starting vLLM safely, capturing in-flight requests, resuming them."""
