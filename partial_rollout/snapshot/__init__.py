@@ -1,0 +1,46 @@
+"""Snapshots of in-flight rollouts: the data model and its safetensors file format.
+
+Build a :class:`Snapshot` from live requests, :func:`save_snapshot` it into the checkpoint folder,
+and :func:`load_snapshot` it on resume::
+
+    from partial_rollout.snapshot import load_snapshot, save_snapshot
+
+    save_snapshot(snapshot, ckpt_dir)  # writes ckpt_dir/partial_rollouts.safetensors atomically
+    snapshot = load_snapshot(ckpt_dir, expect=fingerprints)
+    for group, sample in snapshot.iter_samples(SampleState.IN_FLIGHT):
+        ...  # re-submit group.prompt_token_ids + sample.token_ids
+
+The file format is specified in docs/snapshot_format.md.
+"""
+
+from partial_rollout.snapshot.reader import SnapshotReader, find_snapshot, load_snapshot
+from partial_rollout.snapshot.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SNAPSHOT_FILENAME,
+    Fingerprints,
+    GroupRecord,
+    GroupState,
+    SampleRecord,
+    SampleState,
+    SamplingSpec,
+    Snapshot,
+)
+from partial_rollout.snapshot.writer import save_snapshot
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "SNAPSHOT_FILENAME",
+    "Fingerprints",
+    "GroupRecord",
+    "GroupState",
+    "SampleRecord",
+    "SampleState",
+    "SamplingSpec",
+    "Snapshot",
+    "SnapshotReader",
+    "find_snapshot",
+    "load_snapshot",
+    "save_snapshot",
+]
