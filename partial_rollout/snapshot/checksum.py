@@ -22,14 +22,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from partial_rollout.snapshot.container import Chunks
+
 ALGORITHM = "crc32"
 """Value of ``checksums.algorithm`` in version 1."""
 CHECKSUMS_KEY = "checksums"
 
 
-def tensor_checksum(array: np.ndarray) -> str:
-    """CRC-32 of a contiguous little-endian array's bytes, as 8 hex digits."""
-    return f"{zlib.crc32(array) & 0xFFFFFFFF:08x}"
+def tensor_checksum(tensor: np.ndarray | Chunks) -> str:
+    """CRC-32 of a contiguous little-endian tensor's bytes (of its pieces in order), as 8 hex digits."""
+    crc = 0
+    for piece in tensor if isinstance(tensor, Chunks) else (tensor,):
+        crc = zlib.crc32(piece, crc)
+    return f"{crc & 0xFFFFFFFF:08x}"
 
 
 def metadata_checksum(metadata: Mapping[str, str]) -> str:

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,26 @@ DTYPE_CODES = {
 DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 
 
+class Chunks:
+    """A one-dimensional tensor given as consecutive pieces, written without concatenating them.
+
+    A snapshot's tokens live in one small array per sample; copying them into one big array first
+    would cost a full extra pass over memory (and, for fresh pages, page faults) before the write.
+    """
+
+    def __init__(self, arrays: list[np.ndarray], dtype: type[np.generic]) -> None:
+        self.dtype = np.dtype(dtype)
+        for array in arrays:
+            if array.dtype != self.dtype or array.ndim != 1 or not array.flags.c_contiguous:
+                raise ValueError(f"every chunk must be a contiguous 1-D {self.dtype} array, got {array.dtype}{list(array.shape)}")
+        self.arrays = arrays
+        self.shape = (sum(len(a) for a in arrays),)
+        self.nbytes = self.shape[0] * self.dtype.itemsize
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.arrays)
+
+
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One tensor as the header describes it."""
@@ -72,11 +93,12 @@ class Header:
     file_size: int
 
 
-def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> int:
+def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray | Chunks], metadata: dict[str, str]) -> int:
     """Write ``tensors`` and ``metadata`` as a safetensors file; returns the bytes written.
 
     Tensors are laid out widest dtype first, then by name (as safetensors does), so each one is
-    aligned to its element size. Arrays must be C-contiguous and little-endian.
+    aligned to its element size. Arrays must be C-contiguous and little-endian; a :class:`Chunks`
+    is written piece by piece.
 
     Raises:
         ValueError: a dtype safetensors cannot store, a non-contiguous array, or a header over 100 MB.
@@ -88,7 +110,7 @@ def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], met
         array = tensors[name]
         if array.dtype.name not in DTYPE_CODES or array.dtype.byteorder == ">":
             raise ValueError(f"tensor {name!r}: safetensors cannot store dtype {array.dtype}")
-        if not array.flags.c_contiguous:
+        if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
             raise ValueError(f"tensor {name!r} is not contiguous; pass np.ascontiguousarray(...)")
         header[name] = {"dtype": DTYPE_CODES[array.dtype.name], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
@@ -101,7 +123,8 @@ def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], met
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for name in order:
-            f.write(tensors[name])
+            for piece in tensors[name] if isinstance(tensors[name], Chunks) else (tensors[name],):
+                f.write(piece)
     return 8 + len(text) + offset
 
 

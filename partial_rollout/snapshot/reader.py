@@ -12,7 +12,8 @@ Every problem raises :class:`~partial_rollout.errors.SnapshotError` naming the f
 
 from __future__ import annotations
 
-import dataclasses
+import functools
+import gc
 import json
 import os
 from pathlib import Path
@@ -112,6 +113,7 @@ class SnapshotReader:
         except (SafetensorError, OSError) as exc:
             raise self._error(f"safetensors cannot open it: {exc}", "header") from None
         self._full: dict[str, np.ndarray] = {}
+        self._all_versions: np.ndarray | None = None
         self.arrays = {name: self.array(name) for name in layout.TENSORS if name not in layout.PAYLOAD_TENSORS}
         self._check_structure()
 
@@ -352,6 +354,8 @@ class SnapshotReader:
         """Items ``start:stop`` of a payload tensor: from memory once loaded whole, else a slice."""
         if name in self._full:
             return self._full[name][start:stop]
+        if start == stop:  # safetensors refuses an empty slice at the very end
+            return np.empty(0, dtype=layout.TENSORS[name])
         return self._read(name, (start, stop))
 
     def check_fingerprints(self, expect: Fingerprints) -> None:
@@ -376,65 +380,91 @@ class SnapshotReader:
             KeyError: no group has this id.
             SnapshotError: the group's data is invalid.
         """
-        return self._group(self._group_index[group_id])
+        group = self._group(self._group_index[group_id])
+        try:
+            check_group(group, vocab_size=self.fingerprints.vocab_size, policy_version=self.policy_version)
+        except ValueError as exc:
+            raise self._error(str(exc), f"group {group_id!r}") from None
+        return group
 
     def _group(self, g: int) -> GroupRecord:
-        a = self.arrays
+        """Group ``g`` checked on its own (:func:`check_group` is left to the caller)."""
+        c = self._columns
         group_id = self.group_ids[g]
         where = f"group {group_id!r}"
-        start, stop = int(a["group.data_offsets"][g]), int(a["group.data_offsets"][g + 1])
         try:
-            data = json.loads(self._payload("group.data_bytes", start, stop).tobytes().decode("utf-8"))
+            data = json.loads(self._payload("group.data_bytes", c["group.data_offsets"][g], c["group.data_offsets"][g + 1]).tobytes())
         except ValueError as exc:
             raise self._error(f"{where}: data is not valid UTF-8 JSON: {exc}", "group.data_bytes") from None
-        first, last = int(a["group.sample_offsets"][g]), int(a["group.sample_offsets"][g + 1])
+        first, last = c["group.sample_offsets"][g], c["group.sample_offsets"][g + 1]
         samples = [self._sample(group_id, s, s - first) for s in range(first, last)]
-        prompt = self._payload("group.prompt_tokens", int(a["group.prompt_offsets"][g]), int(a["group.prompt_offsets"][g + 1]))
+        prompt = self._payload("group.prompt_tokens", c["group.prompt_offsets"][g], c["group.prompt_offsets"][g + 1])
         try:
             group = GroupRecord(
                 group_id=group_id,
                 prompt_token_ids=prompt,
                 data=data,
-                state=layout.GROUP_STATES[int(a["group.state"][g])],
-                dispatch_version=int(a["group.dispatch_version"][g]),
+                state=layout.GROUP_STATES[c["group.state"][g]],
+                dispatch_version=c["group.dispatch_version"][g],
                 samples=samples,
             )
-            check_group(group, vocab_size=self.fingerprints.vocab_size, policy_version=self.policy_version)
         except ValueError as exc:
             raise self._error(str(exc), where) from None
         return group
 
     def _sample(self, group_id: str, s: int, index: int) -> SampleRecord:
-        a, tables = self.arrays, self.tables
-        start, stop = int(a["sample.token_offsets"][s]), int(a["sample.token_offsets"][s + 1])
-        run_start, run_stop = int(a["sample.version_run_offsets"][s]), int(a["sample.version_run_offsets"][s + 1])
-        state_start, state_stop = int(a["sample.sampler_state_offsets"][s]), int(a["sample.sampler_state_offsets"][s + 1])
-        sampling = self._sampling[int(a["sample.sampling_index"][s])]
-        if a["sample.has_seed"][s]:
-            sampling = dataclasses.replace(sampling, seed=int(a["sample.seed"][s]))
-        codes = {key: int(a[f"sample.{key}"][s]) for key in ("finish_reason", "stop_reason", "inexact")}
+        c, tables = self._columns, self.tables
+        start, stop = c["sample.token_offsets"][s], c["sample.token_offsets"][s + 1]
+        run_start, run_stop = c["sample.version_run_offsets"][s], c["sample.version_run_offsets"][s + 1]
+        state_start, state_stop = c["sample.sampler_state_offsets"][s], c["sample.sampler_state_offsets"][s + 1]
+        sampling = self._sampling[c["sample.sampling_index"][s]]
+        if c["sample.has_seed"][s]:
+            sampling = sampling.with_seed(c["sample.seed"][s])
+        finish, stop_reason, inexact = c["sample.finish_reason"][s], c["sample.stop_reason"][s], c["sample.inexact"][s]
+        fields = dict(
+            index=index,
+            state=layout.SAMPLE_STATES[c["sample.state"][s]],
+            sampling=sampling,
+            token_ids=self._payload("sample.tokens", start, stop),
+            logprobs=self._payload("sample.logprobs", start, stop),
+            versions=self._versions(start, stop, run_start, run_stop),
+            finish_reason=None if finish == layout.NO_CODE else tables["finish_reasons"][finish],
+            stop_reason=None if stop_reason == layout.NO_CODE else tables["stop_reasons"][stop_reason],
+            reward=c["sample.reward"][s] if c["sample.has_reward"][s] else None,
+            sampler_state=self._payload("sample.sampler_state_bytes", state_start, state_stop).tobytes() or None,
+            inexact=None if inexact == layout.NO_CODE else tables["inexact_reasons"][inexact],
+        )
         try:
-            return SampleRecord(
-                index=index,
-                state=layout.SAMPLE_STATES[int(a["sample.state"][s])],
-                sampling=sampling,
-                token_ids=self._payload("sample.tokens", start, stop),
-                logprobs=self._payload("sample.logprobs", start, stop),
-                versions=decode_runs(a["sample.version_run_values"][run_start:run_stop], a["sample.version_run_lengths"][run_start:run_stop]),
-                finish_reason=None if codes["finish_reason"] == layout.NO_CODE else tables["finish_reasons"][codes["finish_reason"]],
-                stop_reason=None if codes["stop_reason"] == layout.NO_CODE else tables["stop_reasons"][codes["stop_reason"]],
-                reward=float(a["sample.reward"][s]) if a["sample.has_reward"][s] else None,
-                sampler_state=self._payload("sample.sampler_state_bytes", state_start, state_stop).tobytes() or None,
-                inexact=None if codes["inexact"] == layout.NO_CODE else tables["inexact_reasons"][codes["inexact"]],
-            )
+            return SampleRecord(**fields)
         except ValueError as exc:
             raise self._error(str(exc), f"sample {group_id}/{index}") from None
+
+    def _versions(self, start: int, stop: int, run_start: int, run_stop: int) -> np.ndarray:
+        """Tokens ``start:stop``'s versions: a view of all versions once :meth:`load` expanded them, else decoded."""
+        if self._all_versions is not None:
+            return self._all_versions[start:stop]
+        runs = slice(run_start, run_stop)
+        return decode_runs(self.arrays["sample.version_run_values"][runs], self.arrays["sample.version_run_lengths"][runs])
+
+    @functools.cached_property
+    def _columns(self) -> dict[str, list[Any]]:
+        """The structural tensors as Python lists: indexing a list is ten times cheaper than an array."""
+        return {name: array.tolist() for name, array in self.arrays.items()}
 
     def load(self) -> Snapshot:
         """Read every tensor, check every checksum and rule, and return the :class:`Snapshot`."""
         for name in self._entries:
             self.array(name)
-        groups = [self._group(g) for g in range(self.num_groups)]
+        self._all_versions = decode_runs(self.arrays["sample.version_run_values"], self.arrays["sample.version_run_lengths"])
+        # Building ~10 objects per sample would trigger the cyclic garbage collector over and over
+        # (each pass scans every object built so far), which makes a large load several times slower.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            groups = [self._group(g) for g in range(self.num_groups)]
+        finally:
+            if collecting:
+                gc.enable()
         loader_state = None
         if self._loader_tree is not None:
             loader_tensors = {n: self._full[n] for n in self._entries if n.startswith(layout.LOADER_PREFIX)}
@@ -469,6 +499,7 @@ class SnapshotReader:
     def close(self) -> None:
         """Release the file (the memory map)."""
         self._full.clear()
+        self._all_versions = None
         self._file = None
 
     def __enter__(self) -> SnapshotReader:

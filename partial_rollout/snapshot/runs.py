@@ -8,25 +8,32 @@ versions nearly free. Runs never cross a sample boundary, so each sample's runs 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
-def encode_runs(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run-length code the flat ``values`` of samples bounded by ``offsets`` (vectorised).
-
-    Args:
-        values: int32 [T], every sample's values concatenated.
-        offsets: int64 [S+1], sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+def encode_runs(samples: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run-length code each sample's int32 versions.
 
     Returns:
         ``(run_offsets int64 [S+1], run_values int32 [R], run_lengths int32 [R])``.
     """
-    total = len(values)
-    changes = np.flatnonzero(values[1:] != values[:-1]) + 1
-    starts = np.unique(np.concatenate([offsets[:-1][offsets[:-1] < total], changes])).astype(np.int64)
-    run_lengths = np.diff(np.append(starts, total)).astype(np.int32)
-    run_offsets = np.searchsorted(starts, offsets, side="left").astype(np.int64)
-    return run_offsets, values[starts].astype(np.int32), run_lengths
+    starts_per_sample = [np.flatnonzero(v[1:] != v[:-1]) + 1 if len(v) else _EMPTY for v in samples]
+    counts = [len(starts) + 1 if len(v) else 0 for v, starts in zip(samples, starts_per_sample)]
+    run_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+    np.cumsum(counts, out=run_offsets[1:])
+    values, lengths = [], []
+    for v, starts in zip(samples, starts_per_sample):
+        if len(v):
+            values.append(v[np.concatenate([[0], starts])] if len(starts) else v[:1])
+            lengths.append(np.diff(np.concatenate([[0], starts, [len(v)]])) if len(starts) else np.array([len(v)]))
+    if not values:
+        return run_offsets, np.empty(0, np.int32), np.empty(0, np.int32)
+    return run_offsets, np.concatenate(values).astype(np.int32), np.concatenate(lengths).astype(np.int32)
+
+
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 def run_ends(run_lengths: np.ndarray) -> np.ndarray:

@@ -218,6 +218,22 @@ class SamplingSpec:
             raise ValueError(f"sampling.extra must not repeat a named field: {clash}; set the field itself")
         canonical_json(self.extra, what="sampling.extra")
 
+    def with_seed(self, seed: int | None) -> SamplingSpec:
+        """A copy with another seed (a resume may derive a fresh seed for the continuation)."""
+        if seed is not None:
+            seed = _int("sampling.seed", seed, minimum=INT64_MIN, maximum=INT64_MAX)
+        clone = object.__new__(SamplingSpec)  # every other field is already valid: skip __post_init__
+        for name in _FIELD_NAMES:
+            object.__setattr__(clone, name, getattr(self, name))
+        object.__setattr__(clone, "seed", seed)
+        object.__setattr__(clone, "extra", dict(self.extra))
+        return clone
+
+    def unseeded_key(self) -> tuple[Any, ...]:
+        """A hashable key equal for specs that differ at most in ``seed`` (for deduplication)."""
+        extra = canonical_json(self.extra, what="sampling.extra", sort_keys=True) if self.extra else ""
+        return (*(getattr(self, name) for name in _KEY_FIELDS), extra)
+
     @property
     def is_greedy(self) -> bool:
         """True when the temperature is so low that vLLM samples greedily."""
@@ -254,7 +270,9 @@ class SamplingSpec:
         return cls(**kwargs)
 
 
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingSpec))
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(SamplingSpec))
+_SAMPLING_FIELDS = frozenset(_FIELD_NAMES)
+_KEY_FIELDS = tuple(name for name in _FIELD_NAMES if name not in ("seed", "extra"))
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -308,9 +326,8 @@ class SampleRecord:
         if n:
             if self.token_ids.min() < 0:
                 raise ValueError(f"token_ids must be >= 0, got {self.token_ids.min()}")
-            bad = ~(np.isfinite(self.logprobs) & (self.logprobs <= 0))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
+            if not (np.isfinite(self.logprobs.min()) and self.logprobs.max() <= 0):  # NaN fails both
+                i = int(np.flatnonzero(~(np.isfinite(self.logprobs) & (self.logprobs <= 0)))[0])
                 raise ValueError(f"logprobs must be finite and <= 0, got {self.logprobs[i]} at position {i}")
             if self.versions.min() < 0:
                 raise ValueError(f"versions must be >= 0, got {self.versions.min()}")

@@ -19,6 +19,7 @@ import numpy as np
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import container, layout, state_codec
+from partial_rollout.snapshot.container import Chunks
 from partial_rollout.snapshot.checksum import ALGORITHM, CHECKSUMS_KEY, metadata_checksum, tensor_checksum
 from partial_rollout.snapshot.runs import encode_runs
 from partial_rollout.snapshot.schema import FORMAT_NAME, FORMAT_VERSION, SNAPSHOT_FILENAME, Snapshot, canonical_json
@@ -43,38 +44,40 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
         return container.write_file(tmp, tensors, metadata)
 
 
-def encode_snapshot(snapshot: Snapshot) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def encode_snapshot(snapshot: Snapshot) -> tuple[dict[str, np.ndarray | Chunks], dict[str, str]]:
     """The tensors and ``__metadata__`` strings that represent ``snapshot`` (checksums included)."""
     groups = snapshot.groups
     samples = [s for g in groups for s in g.samples]
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | Chunks] = {}
 
     ids = [g.group_id.encode("utf-8") for g in groups]
     tensors["group.id_offsets"], tensors["group.id_bytes"] = _ragged_bytes(ids)
     data = [canonical_json(g.data, what="data").encode("utf-8") for g in groups]
     tensors["group.data_offsets"], tensors["group.data_bytes"] = _ragged_bytes(data)
     tensors["group.prompt_offsets"] = _offsets([len(g.prompt_token_ids) for g in groups])
-    tensors["group.prompt_tokens"] = _concat([g.prompt_token_ids for g in groups], np.int32)
+    tensors["group.prompt_tokens"] = Chunks([g.prompt_token_ids for g in groups], np.int32)
     tensors["group.state"] = np.array([layout.GROUP_STATE_CODES[g.state] for g in groups], dtype=np.uint8)
     tensors["group.dispatch_version"] = np.array([g.dispatch_version for g in groups], dtype=np.int64)
     tensors["group.sample_offsets"] = _offsets([len(g.samples) for g in groups])
 
-    token_offsets = _offsets([s.num_tokens for s in samples])
     tensors["sample.state"] = np.array([layout.SAMPLE_STATE_CODES[s.state] for s in samples], dtype=np.uint8)
-    tensors["sample.token_offsets"] = token_offsets
-    tensors["sample.tokens"] = _concat([s.token_ids for s in samples], np.int32)
-    tensors["sample.logprobs"] = _concat([s.logprobs for s in samples], np.float32)
-    versions = _concat([s.versions for s in samples], np.int32)
-    runs = encode_runs(versions, token_offsets)
+    tensors["sample.token_offsets"] = _offsets([s.num_tokens for s in samples])
+    tensors["sample.tokens"] = Chunks([s.token_ids for s in samples], np.int32)
+    tensors["sample.logprobs"] = Chunks([s.logprobs for s in samples], np.float32)
+    runs = encode_runs([s.versions for s in samples])
     tensors["sample.version_run_offsets"], tensors["sample.version_run_values"], tensors["sample.version_run_lengths"] = runs
 
     sampling: list[dict[str, Any]] = []
-    sampling_index = _Interner(sampling)
-    specs = [s.sampling.to_json() for s in samples]
-    seeds = [spec.pop("seed") for spec in specs]
-    tensors["sample.sampling_index"] = np.array(
-        [sampling_index.code(canonical_json(spec, what="sampling", sort_keys=True), spec) for spec in specs], dtype=np.int32
-    )
+    sampling_codes: dict[tuple[Any, ...], int] = {}
+    sampling_index = np.empty(len(samples), dtype=np.int32)
+    for i, sample in enumerate(samples):
+        key = sample.sampling.unseeded_key()
+        if key not in sampling_codes:
+            sampling_codes[key] = len(sampling)
+            sampling.append({k: v for k, v in sample.sampling.to_json().items() if k != "seed"})
+        sampling_index[i] = sampling_codes[key]
+    seeds = [s.sampling.seed for s in samples]
+    tensors["sample.sampling_index"] = sampling_index
     tensors["sample.seed"] = np.array([0 if seed is None else seed for seed in seeds], dtype=np.int64)
     tensors["sample.has_seed"] = np.array([seed is not None for seed in seeds], dtype=np.uint8)
 
@@ -152,10 +155,6 @@ def _offsets(lengths: Sequence[int]) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return offsets
-
-
-def _concat(arrays: Sequence[np.ndarray], dtype: type[np.generic]) -> np.ndarray:
-    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype=dtype)
 
 
 def _ragged_bytes(items: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
