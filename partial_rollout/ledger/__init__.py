@@ -1,0 +1,30 @@
+"""The work ledger: track every prompt from loader yield to training (or a deliberate eviction).
+
+::
+
+    from partial_rollout.ledger import EventLog, WorkLedger, audit
+
+    ledger = WorkLedger(EventLog(run_dir / "events.jsonl"))
+    ledger.yield_group("e0:17", prompt_ids, [spec] * n)   # the loader yielded dataset index 17
+    ledger.dispatch("e0:17", policy_version=3)
+    ledger.finish("e0:17", finished_sample)              # once per sample
+    ledger.consume(["e0:17"], step=4)
+    ledger.capture(cut.samples); ledger.save(ckpt_dir, ...)  # at a checkpoint
+    report = audit(run_dir / "events.jsonl")             # lost / duplicated, from the log alone
+"""
+
+from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
+from partial_rollout.ledger.events import EVENTS_FILENAME, EventLog, read_events
+from partial_rollout.ledger.ledger import WorkLedger, request_id
+
+__all__ = [
+    "EVENTS_FILENAME",
+    "AuditError",
+    "AuditReport",
+    "EventLog",
+    "WorkLedger",
+    "audit",
+    "effective_timeline",
+    "read_events",
+    "request_id",
+]

@@ -1,0 +1,193 @@
+"""The work ledger, its event log and the audit, without an engine: every rule on small hand-made runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from partial_rollout.ledger import AuditError, EventLog, WorkLedger, audit, read_events, request_id
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec
+
+SPEC = SamplingSpec(max_tokens=8, seed=1)
+FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_version="0.32.0")
+
+
+def finished(index: int, n: int = 3, reward: float = 1.0) -> SampleRecord:
+    return SampleRecord(
+        index=index, state=SampleState.FINISHED, sampling=SPEC, token_ids=np.arange(n) + 5,
+        logprobs=np.full(n, -0.5), versions=np.zeros(n, np.int32), finish_reason="length", reward=reward,
+    )
+
+
+def in_flight(n: int) -> SampleRecord:
+    return SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=SPEC, token_ids=np.arange(n) + 7,
+                        logprobs=np.full(n, -1.0), versions=np.zeros(n, np.int32))
+
+
+def run_group(ledger: WorkLedger, gid: str, *, step: int | None = None, samples: int = 2) -> None:
+    ledger.yield_group(gid, [0, 9, 9], [SPEC] * samples, data={"target": 1})
+    ledger.dispatch(gid, policy_version=0)
+    for i in range(samples):
+        ledger.finish(gid, finished(i))
+    if step is not None:
+        ledger.consume([gid], step=step)
+
+
+def test_transitions_enforce_the_life_of_a_group(tmp_path: Path) -> None:
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    ledger.yield_group("e0:1", [0, 4], [SPEC, SPEC])
+    with pytest.raises(ValueError, match="already outstanding"):
+        ledger.yield_group("e0:1", [0, 4], [SPEC])
+    with pytest.raises(ValueError, match="pending, expected ready"):
+        ledger.consume(["e0:1"], step=1)
+    ledger.dispatch("e0:1", policy_version=3)
+    assert ledger.finish("e0:1", finished(0)) is False
+    assert ledger.finish("e0:1", finished(1)) is True
+    assert ledger["e0:1"].state is GroupState.READY
+    ledger.consume(["e0:1"], step=1)
+    assert "e0:1" not in ledger and len(ledger) == 0
+    kinds = [e["event"] for e in read_events(tmp_path / "events.jsonl")]
+    assert kinds == ["yield", "dispatch", "finish", "finish", "ready", "consume"]
+    assert ledger.counters == {"yielded": 1, "dispatched": 1, "finished": 2, "consumed": 1, "evicted": 0}
+
+
+def test_capture_merges_engine_view_and_unknown_requests_restart(tmp_path: Path) -> None:
+    ledger = WorkLedger()
+    ledger.yield_group("g", [0, 4], [SPEC] * 3)
+    ledger.dispatch("g", policy_version=0)
+    ledger.finish("g", finished(0))
+    # Engine: sample 1 has a 4-token prefix; sample 2 was never submitted (not in the cut).
+    ledger.capture({request_id("g", 1): in_flight(4), request_id("g", 0): in_flight(1)})
+    samples = ledger["g"].samples
+    assert samples[0].state is SampleState.FINISHED  # what the trainer already has wins
+    assert samples[1].state is SampleState.IN_FLIGHT and samples[1].index == 1 and samples[1].num_tokens == 4
+    assert samples[2].state is SampleState.NOT_STARTED
+
+
+def test_state_dict_round_trip_and_snapshot_save_load(tmp_path: Path) -> None:
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    run_group(ledger, "ready")
+    ledger.yield_group("pending", [0, 5], [SPEC])
+    ledger.yield_group("flying", [0, 6], [SPEC, SPEC])
+    ledger.dispatch("flying", policy_version=0)
+    ledger.capture({request_id("flying", 0): in_flight(5)})
+    ledger.evict("pending", reason="too_stale")
+    ledger.yield_group("pending2", [0, 5], [SPEC])
+
+    copy = WorkLedger()
+    copy.load_state_dict(ledger.state_dict())
+    assert copy.state_dict() == ledger.state_dict()
+    assert [g.group_id for g in copy.groups()] == ["ready", "flying", "pending2"]
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    snap = ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state={"cursor": 3})
+    restored = WorkLedger()
+    loaded = restored.load(folder, expect=FP)
+    assert loaded == snap and loaded.loader_state == {"cursor": 3}
+    assert restored.state_dict() == ledger.state_dict()
+    assert restored.last_save_id == ledger.last_save_id and restored.evicted_by_reason == {"too_stale": 1}
+    save = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save"][0]
+    assert save["samples_in_flight"] == 1 and save["prefix_tokens"] == 5
+    assert save["groups"] == {"pending": 1, "in_flight": 1, "ready": 1}
+
+    ready_only = tmp_path / "ready_only"
+    ready_only.mkdir()
+    ledger.save(ready_only, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states={GroupState.READY})
+    assert [g.group_id for g in WorkLedger().load(ready_only).groups] == ["ready"]
+
+
+def test_event_log_survives_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path, fresh=True)
+    log.append("yield", prompt="a")
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"seq":1,"event":"yie')  # the writer was killed mid-line
+    assert [e["prompt"] for e in read_events(path)] == ["a"]
+    log = EventLog(path)  # a resumed writer cuts the fragment off before appending
+    log.append("yield", prompt="b")
+    log.close()
+    assert [(e["seq"], e["prompt"]) for e in read_events(path)] == [(0, "a"), (1, "b")]
+    path.write_bytes(b'{"event":"yield"}\nnot json\n{"event":"yield"}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        list(read_events(path))
+
+
+def test_audit_clean_run_and_the_end_event(tmp_path: Path) -> None:
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    ledger.record_start()
+    run_group(ledger, "a", step=1)
+    run_group(ledger, "b")
+    ledger.yield_group("c", [0, 1], [SPEC])
+    ledger.evict("b", reason="too_stale")
+    report = audit(tmp_path / "events.jsonl")
+    assert not report.complete and report.open_ids == ["c"] and report.lost == 0
+    ledger.record_end(step=1)
+    report = audit(tmp_path / "events.jsonl")
+    assert report.complete
+    assert (report.yielded, report.trained, report.evicted, report.outstanding_at_end) == (3, 1, 1, 1)
+    assert report.lost == 0 and report.duplicated == 0 and report.evicted_by_reason == {"too_stale": 1}
+
+
+def kill_and_resume(tmp_path: Path, *, keep: set[GroupState]) -> Path:
+    """Process 1 trains a, saves with b ready, c in flight, d pending, then does more work and dies;
+    process 2 resumes from the save (restoring what ``keep`` saved) and finishes."""
+    path = tmp_path / "events.jsonl"
+    folder = tmp_path / "step_1"
+    folder.mkdir()
+    p1 = WorkLedger(EventLog(path, fresh=True))
+    p1.record_start()
+    run_group(p1, "a", step=1)
+    run_group(p1, "b")
+    p1.yield_group("c", [0, 1], [SPEC])
+    p1.dispatch("c", policy_version=1)
+    p1.yield_group("d", [0, 1], [SPEC])
+    p1.save(folder, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None, states=keep)
+    # Work after the save: trained by process 1, then thrown away with it (SIGKILL).
+    p1.finish("c", finished(0, n=6))
+    p1.consume(["b", "c"], step=2)
+    p1.events.close()
+
+    p2 = WorkLedger(EventLog(path))
+    p2.load(folder)
+    p2.record_resume()
+    for group in list(p2.groups(GroupState.PENDING)):
+        p2.dispatch(group.group_id, policy_version=1)
+    for group in list(p2.groups(GroupState.IN_FLIGHT)):
+        p2.finish(group.group_id, finished(0, n=6), prefix_tokens=0)
+    ids = [g.group_id for g in p2.groups(GroupState.READY)]
+    p2.consume(ids[:2], step=2)
+    run_group(p2, "e", step=3)
+    p2.record_end(step=3)
+    return path
+
+
+def test_audit_rolls_back_work_after_the_save_it_resumes_from(tmp_path: Path) -> None:
+    report = audit(kill_and_resume(tmp_path, keep=set(GroupState)))
+    # b and c were consumed twice in the file (before the kill and after the resume): not duplication.
+    assert report.duplicated == 0 and report.lost == 0
+    assert (report.yielded, report.trained, report.outstanding_at_end) == (5, 4, 1)
+    (resume,) = report.resumes
+    assert resume["rolled_back_consumes"] == 2 and resume["lost"] == 0
+    assert resume["groups_at_save"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    assert report.tokens_regenerated == 6  # c's 6 tokens were generated, rolled back, generated again
+
+
+def test_audit_finds_what_a_ready_only_save_loses(tmp_path: Path) -> None:
+    report = audit(kill_and_resume(tmp_path, keep={GroupState.READY}))
+    assert report.lost_ids == ["c", "d"] and report.duplicated == 0
+    assert report.resumes[0]["lost_ids"] == ["c", "d"] and report.resumes[0]["outstanding_at_save"] == 3
+
+
+def test_audit_counts_real_duplicates_and_rejects_unknown_saves(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    ledger = WorkLedger(EventLog(path, fresh=True))
+    run_group(ledger, "a", step=1)
+    ledger.events.append("consume", prompt="a", step=2)  # a buggy trainer trains it again
+    assert audit(path).duplicated_ids == ["a"]
+    ledger.events.append("resume", save_id="step9-nowhere")
+    with pytest.raises(AuditError, match="does not hold"):
+        audit(path)
