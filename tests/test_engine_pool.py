@@ -1,0 +1,65 @@
+"""N engines behind Ray actors and one in-process engine are the same code path.
+
+A cut taken from a pool of two Ray-actor engines resumes on a single in-process engine (N=2 at the
+save, M=1 at the resume) and every sample continues exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from partial_rollout.engine.factory import EngineConfig
+from partial_rollout.engine.pool import EnginePool
+from partial_rollout.snapshot import SampleState, SamplingSpec
+
+pytestmark = [pytest.mark.engine, pytest.mark.ray]
+
+
+def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -> None:
+    ray = pytest.importorskip("ray")
+    config = EngineConfig(model=str(tiny_llama), max_model_len=1024, multiprocessing=False)
+    rng = random.Random(3)
+    work = {
+        f"r{i}": ([rng.randrange(4, 500) for _ in range(rng.randrange(8, 60))],
+                  SamplingSpec(max_tokens=150, temperature=0.0 if i % 3 == 0 else 1.0,
+                               seed=None if i % 3 == 0 else 10 + i, ignore_eos=True))
+        for i in range(8)
+    }
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+        async def save_side():
+            pool = await EnginePool.ray(config, 2)
+            try:
+                assert len(pool.engines) == 2
+                tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s)) for rid, (p, s) in work.items()}
+                await asyncio.sleep(0.3)
+                cut = await pool.pause_and_capture()
+                await pool.resume()
+                return {rid: await t for rid, t in tasks.items()}, cut, await pool.fingerprints()
+            finally:
+                await pool.shutdown()
+
+        ref, cut, prints = loop_thread.run(save_side())
+    finally:
+        ray.shutdown()
+    assert set(cut.samples) == set(work)
+    assert any(r.state is SampleState.IN_FLIGHT and r.num_tokens > 0 for r in cut.samples.values())
+
+    async def resume_side():
+        pool = await EnginePool.local(config)
+        try:
+            assert await pool.fingerprints() == prints
+            return await asyncio.gather(*[pool.generate(rid, work[rid][0], work[rid][1], resume_from=cut.samples[rid])
+                                          for rid in work])
+        finally:
+            await pool.shutdown()
+
+    for rid, out in zip(work, loop_thread.run(resume_side())):
+        assert out.inexact is None
+        np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
+        np.testing.assert_array_equal(out.logprobs, ref[rid].logprobs, err_msg=rid)
