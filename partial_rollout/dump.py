@@ -1,8 +1,10 @@
 """``partial-rollout dump``: see what a checkpoint's snapshot holds.
 
-The summary and the table read only the snapshot's structural tensors (a few bytes per sample), so
-they are instant even for gigabytes of prefixes; ``--request`` and ``--decode`` read only the
-tokens they print; ``--verify`` reads and checks everything.
+The summary and the table are computed from the snapshot's structural tensors (a few bytes per
+sample); ``--request`` and ``--decode`` read only the tokens they print. Every mode first streams
+the whole file through its checksums (one sequential read, constant memory, no tokens decoded), so
+a damaged file is reported rather than summarised; ``--verify`` also loads the snapshot and checks
+every rule of the format.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         return _verify(args)
     with SnapshotReader(args.path) as reader:
+        reader.verify_checksums()
         tokenizer = _load_tokenizer(reader, args.tokenizer) if args.decode or args.tokenizer else None
         if args.request is not None:
             group, sample = _find_request(reader, args.request)

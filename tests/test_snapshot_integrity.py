@@ -31,10 +31,17 @@ def saved(tmp_path: Path) -> Path:
 
 
 def rejected(path: Path) -> SnapshotError:
-    """The error loading ``path`` raises; fails the test if it loads or raises anything else."""
+    """The error loading ``path`` raises; fails the test if it loads or raises anything else.
+
+    The dump's path (open lazily, then stream every checksum) must refuse the file as well.
+    """
     with pytest.raises(SnapshotError) as info:
         load_snapshot(path)
     assert str(path) in str(info.value)
+    with pytest.raises(SnapshotError):
+        with SnapshotReader(path) as reader:
+            reader.verify_checksums()
+            reader.verify()
     return info.value
 
 
@@ -230,7 +237,7 @@ def test_find_snapshot_in_folders(tmp_path: Path) -> None:
 
 
 def test_lazy_reader_checks_structure_on_open(saved: Path, tmp_path: Path) -> None:
-    """Opening (what dump does) already verifies the structural tensors' checksums; payload waits for verify()."""
+    """Opening verifies the structural tensors; payload checksums wait for verify_checksums() or verify()."""
     raw = bytearray(saved.read_bytes())
     start, _ = data_span(saved, "sample.state")
     raw[start] ^= 1
@@ -245,4 +252,8 @@ def test_lazy_reader_checks_structure_on_open(saved: Path, tmp_path: Path) -> No
     with SnapshotReader(tmp_path / "p.safetensors") as reader:
         assert reader.num_samples == 8
         with pytest.raises(SnapshotError, match=r"sample\.logprobs: checksum mismatch"):
+            reader.verify_checksums()
+        with pytest.raises(SnapshotError, match=r"sample\.logprobs: checksum mismatch"):
             reader.verify()
+    with SnapshotReader(saved) as reader:
+        reader.verify_checksums()  # an intact file passes the streamed check

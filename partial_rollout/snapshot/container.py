@@ -140,7 +140,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     """
     size = os.path.getsize(path)
     if size == 0:
-        raise SnapshotError("the file is empty", path=path, fix="It was never written; use an earlier checkpoint.")
+        raise SnapshotError("the file is empty", path=path, field="header")
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
