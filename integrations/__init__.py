@@ -1,0 +1,1 @@
+"""Trainers that use partial-rollout; the library under ``partial_rollout/`` knows none of them."""

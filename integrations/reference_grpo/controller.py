@@ -1,0 +1,372 @@
+"""The async GRPO loop, shaped like NeMo RL's SingleController: a rollout pump, a train pump, permits.
+
+**Rollout pump.** Iterates a torchdata ``StatefulDataLoader`` in batches of
+``grpo.num_prompts_per_step``. Each yielded prompt enters the work ledger as a pending group at
+once (the cursor is already past it); then, prompt by prompt, the pump takes one replay-buffer
+permit (``async_rl.max_buffered_rollouts``) and one in-flight permit (``async_rl.max_inflight_prompts``)
+and dispatches the group's samples to the engine.
+
+**Train pump.** Evicts ready groups older than the window (``async_rl.sampler.max_staleness_versions``,
+reason ``too_stale``), takes the oldest ``num_prompts_per_step`` ready groups in the window (freeing
+their buffer permits), runs one GRPO update, exports the weights and pushes them into the running
+engine (requests in flight continue under them; vLLM labels each token with its policy version),
+and checkpoints every ``checkpointing.save_period`` steps.
+
+**Checkpoint.** With ``checkpointing.partial_rollouts.enabled`` the engine is paused and captured,
+and in the same await-free window the loader cursor is read and the ledger cuts every outstanding
+group (pending, in flight with their prefixes, partly finished, ready). Off, it does what NeMo RL
+does: the live cursor plus the ready groups only, so in-flight and yielded-but-undispatched prompts
+are lost on resume.
+
+**Resume.** Ready groups go back to the buffer, in-flight samples continue from their prefixes
+(``generate(..., resume_from=record)``), pending prompts are dispatched before any new loader batch,
+and every restored group re-takes its permits so the counts stay balanced. Work dispatched too long
+ago is handled by ``checkpointing.partial_rollouts.on_stale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+from tqdm import tqdm
+
+from integrations.reference_grpo import checkpoint, task
+from integrations.reference_grpo.config import MasterConfig
+from integrations.reference_grpo.policy import Policy
+from partial_rollout.errors import ConfigError
+from partial_rollout.ledger import EVENTS_FILENAME, EventLog, WorkLedger, request_id
+from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord, SampleState, SamplingSpec
+
+logger = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the loop needs from any engine."""
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, resume_from: SampleRecord | None = None
+    ) -> SampleRecord: ...
+
+    async def update_weights(self, weights_dir: str, policy_version: int) -> None: ...
+
+    def fingerprints(self) -> Fingerprints: ...
+
+
+@runtime_checkable
+class CapturingEngine(RolloutEngine, Protocol):
+    """An engine that can cut its in-flight requests (required by partial rollouts)."""
+
+    async def pause_and_capture(self) -> Any: ...
+
+    async def resume(self) -> None: ...
+
+
+class GRPOLoop:
+    """One process's run of the loop, from a fresh start or a checkpoint."""
+
+    def __init__(self, config: MasterConfig, *, engine: RolloutEngine, policy: Policy, ledger: WorkLedger,
+                 fingerprints: Fingerprints, step: int, progress: bool) -> None:
+        self.config = config
+        self.engine = engine
+        self.policy = policy
+        self.ledger = ledger
+        self.fingerprints = fingerprints
+        self.step = step
+        self.version = step
+        self.epoch = 0
+        self.checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+        self.weights_dir = Path(config.logger.log_dir) / "weights"
+        self.dataset = task.BucketTask(config.data, seed=config.grpo.seed)
+        self.loader = StatefulDataLoader(
+            self.dataset, batch_size=config.grpo.num_prompts_per_step, shuffle=config.data.shuffle,
+            generator=torch.Generator().manual_seed(config.grpo.seed), collate_fn=task.collate, drop_last=True,
+        )
+        self.buffer_permits = asyncio.Semaphore(config.async_rl.max_buffered_rollouts)
+        self.inflight_permits = asyncio.Semaphore(config.async_rl.max_inflight_prompts)
+        self.rollout_permitted = asyncio.Event()
+        self.rollout_permitted.set()
+        self.ready_changed = asyncio.Event()
+        self.rollout_done = False
+        self.restored_pending: list[str] = []
+        self.restored_in_flight: list[str] = []
+        self.generated_tokens = 0
+        self.started = time.perf_counter()
+        self.rewards: list[float] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._group: asyncio.TaskGroup | None = None
+        self._bar = tqdm(total=config.grpo.max_num_steps, initial=step, desc="train", unit="step", disable=not progress)
+
+    # ---------------------------------------------------------------- resume
+
+    async def restore(self, folder: Path) -> None:
+        """Load the ledger's cut and re-take every permit the restored work holds (none blocks: nothing else holds one yet)."""
+        snapshot = self.ledger.load(folder, expect=self.fingerprints)
+        self.ledger.record_resume(step=self.step, checkpoint=str(folder),
+                                  partial_rollouts=self.config.checkpointing.partial_rollouts.enabled)
+        if snapshot.loader_state is not None:
+            self.loader.load_state_dict(snapshot.loader_state)
+        self.epoch = int(snapshot.metadata.get("epoch", 0))
+        self._apply_on_stale()
+        held = list(self.ledger.groups(GroupState.IN_FLIGHT, GroupState.READY))
+        if len(held) > self.config.async_rl.max_buffered_rollouts:
+            raise ConfigError(
+                f"the checkpoint holds {len(held)} dispatched groups, more than max_buffered_rollouts "
+                f"{self.config.async_rl.max_buffered_rollouts}", field="async_rl.max_buffered_rollouts",
+                fix="Resume with at least the capacity the run was saved with")
+        in_flight = [g for g in held if g.state is GroupState.IN_FLIGHT and not self.ledger.settle(g.group_id)]
+        if len(in_flight) > self.config.async_rl.max_inflight_prompts:
+            raise ConfigError(
+                f"the checkpoint holds {len(in_flight)} groups in flight, more than max_inflight_prompts "
+                f"{self.config.async_rl.max_inflight_prompts}", field="async_rl.max_inflight_prompts",
+                fix="Resume with at least the in-flight limit the run was saved with")
+        for _ in held:
+            await self.buffer_permits.acquire()
+        for group in in_flight:
+            await self.inflight_permits.acquire()
+            self.restored_in_flight.append(group.group_id)
+        self.restored_pending = [g.group_id for g in self.ledger.groups(GroupState.PENDING)]
+
+    def _apply_on_stale(self) -> None:
+        policy = self.config.checkpointing.partial_rollouts.on_stale
+        oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
+        for group in list(self.ledger.groups(GroupState.IN_FLIGHT, GroupState.READY)):
+            if group.dispatch_version >= oldest or policy == "continue":
+                continue
+            if policy == "regenerate":
+                self.ledger.regenerate(group.group_id, reason="stale_at_resume")
+            else:
+                self.ledger.evict(group.group_id, reason="stale_at_resume")
+
+    # ---------------------------------------------------------------- the run
+
+    async def run(self) -> dict[str, Any]:
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                for group_id in self.restored_in_flight:
+                    self._spawn(self._generate(group_id))
+                self._spawn(self._rollout_pump())
+                await self._train_pump()
+                for t in list(self._tasks):
+                    t.cancel()
+        finally:
+            self._bar.close()
+        self.ledger.record_end(step=self.step)
+        return {"step": self.step, "rewards": self.rewards, "counters": dict(self.ledger.counters),
+                "evicted_by_reason": dict(self.ledger.evicted_by_reason)}
+
+    def _spawn(self, coro: Any) -> None:
+        assert self._group is not None
+        t = self._group.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---------------------------------------------------------------- rollout pump
+
+    async def _rollout_pump(self) -> None:
+        for group_id in self.restored_pending:
+            await self._admit(group_id)
+        while self.epoch < self.config.grpo.max_num_epochs:
+            for batch in self.loader:
+                # The cursor is past the whole batch now: every prompt of it is in the ledger before any await.
+                ids = [self._yield(item) for item in batch]
+                for group_id in ids:
+                    await self._admit(group_id)
+            self.epoch += 1
+        self.rollout_done = True
+        self.ready_changed.set()
+
+    def _yield(self, item: dict[str, Any]) -> str:
+        group_id = f"e{self.epoch}:{item['index']}"
+        cfg = self.config
+        specs = task.sampling_specs(item, group_id, n=cfg.grpo.num_generations_per_prompt,
+                                    temperature=cfg.generation.temperature, seed=cfg.grpo.seed)
+        self.ledger.yield_group(group_id, item["prompt_token_ids"], specs, data=item)
+        return group_id
+
+    async def _admit(self, group_id: str) -> None:
+        await self.buffer_permits.acquire()
+        await self.inflight_permits.acquire()
+        await self.rollout_permitted.wait()
+        self.ledger.dispatch(group_id, self.version)
+        self._spawn(self._generate(group_id))
+
+    async def _generate(self, group_id: str) -> None:
+        group = self.ledger[group_id]
+        await asyncio.gather(*(self._sample(group, i) for i in range(len(group.samples))))
+        self.ledger.settle(group_id)
+        self.inflight_permits.release()
+        self.ready_changed.set()
+
+    async def _sample(self, group: GroupRecord, index: int) -> None:
+        saved = group.samples[index]
+        if saved.state is SampleState.FINISHED:
+            return
+        resume_from = saved if saved.state is SampleState.IN_FLIGHT else None
+        prompt = group.prompt_token_ids.tolist()
+        record = await self.engine.generate(request_id(group.group_id, index), prompt, saved.sampling, resume_from=resume_from)
+        prefix = resume_from.num_tokens if resume_from is not None else 0
+        self.generated_tokens += record.num_tokens - prefix
+        score = task.reward(group.data, record.token_ids, num_buckets=self.config.data.num_buckets,
+                            reward_tokens=self.config.data.reward_tokens)
+        self.ledger.finish(group.group_id, dataclasses.replace(record, index=index, reward=score), prefix_tokens=prefix)
+
+    # ---------------------------------------------------------------- train pump
+
+    async def _train_pump(self) -> None:
+        cfg = self.config
+        n = cfg.grpo.num_prompts_per_step
+        last_time, last_tokens = time.perf_counter(), self.generated_tokens
+        while self.step < cfg.grpo.max_num_steps:
+            self._evict_stale()
+            ready = list(self.ledger.groups(GroupState.READY))
+            if len(ready) < n:
+                if self.rollout_done and not any(self.ledger.groups(GroupState.IN_FLIGHT, GroupState.PENDING)):
+                    logger.warning("the data ran out at step %d of %d", self.step, cfg.grpo.max_num_steps)
+                    return
+                self.ready_changed.clear()
+                await self.ready_changed.wait()
+                continue
+            groups = self.ledger.consume([g.group_id for g in ready[:n]], step=self.step + 1)
+            for _ in groups:
+                self.buffer_permits.release()
+            metrics = await asyncio.to_thread(self.policy.train_step, groups)
+            self.step += 1
+            await self.sync_weights()
+            now = time.perf_counter()
+            rewards = [s.reward for g in groups for s in g.samples]
+            reward = sum(rewards) / len(rewards)
+            self.rewards.append(reward)
+            self.ledger.log(
+                "train_step", step=self.step, reward=round(reward, 4),
+                oldest_version=min(int(s.versions.min()) for g in groups for s in g.samples),
+                tokens_per_s=round((self.generated_tokens - last_tokens) / max(now - last_time, 1e-6), 1),
+                elapsed_s=round(now - self.started, 3), **{k: round(v, 5) for k, v in metrics.items()},
+            )
+            last_time, last_tokens = now, self.generated_tokens
+            self._bar.update(1)
+            self._bar.set_postfix(reward=f"{reward:.2f}")
+            ckpt = cfg.checkpointing
+            if ckpt.enabled and (self.step % ckpt.save_period == 0 or self.step == cfg.grpo.max_num_steps):
+                await self._save()
+
+    def _evict_stale(self) -> None:
+        oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
+        for group in list(self.ledger.groups(GroupState.READY)):
+            if group.dispatch_version < oldest:
+                self.ledger.evict(group.group_id, reason="too_stale")
+                self.buffer_permits.release()
+
+    async def sync_weights(self) -> None:
+        """Export the new weights and load them into the running engine, as NeMo RL's refit does."""
+        self.rollout_permitted.clear()
+        try:
+            folder = await asyncio.to_thread(self.policy.export_for_engine, self.weights_dir / f"v{self.step}")
+            await self.engine.update_weights(str(folder), self.step)
+            self.version = self.step
+            stale = self.weights_dir / f"v{self.step - 1}"
+            if stale.exists():
+                shutil.rmtree(stale)
+        finally:
+            self.rollout_permitted.set()
+
+    # ---------------------------------------------------------------- checkpoint
+
+    async def _save(self) -> None:
+        folder = checkpoint.begin(self.checkpoint_dir, self.step)
+        await asyncio.to_thread(self.policy.save, folder / checkpoint.POLICY_DIR)
+        checkpoint.write_training_info(folder, {
+            "current_step": self.step, "policy_version": self.version, "current_epoch": self.epoch,
+            "consumed_samples": self.ledger.counters["consumed"], "sampler_name": self.config.async_rl.sampler.name,
+        })
+        if not self.config.checkpointing.partial_rollouts.enabled:
+            # NeMo RL: the live cursor and the ready groups; pending and in-flight prompts are not saved.
+            self._cut(folder, states={GroupState.READY})
+            return
+        assert isinstance(self.engine, CapturingEngine)
+        cut = await self.engine.pause_and_capture()
+        try:
+            # One await-free window: the engine is frozen, and no other coroutine runs until resume().
+            self.ledger.capture(cut.samples)
+            self._cut(folder, states=set(GroupState), pause_s=round(cut.pause_s, 4))
+        finally:
+            await self.engine.resume()
+
+    def _cut(self, folder: Path, *, states: set[GroupState], **event_fields: Any) -> None:
+        self.ledger.save(
+            folder, trainer_step=self.step, policy_version=self.version, fingerprints=self.fingerprints,
+            loader_state=self.loader.state_dict(), states=states, metadata={"epoch": self.epoch}, **event_fields,
+        )
+        checkpoint.commit(folder)
+
+
+async def run_training(config: MasterConfig, *, resume: bool = False, engine: RolloutEngine | None = None,
+                       progress: bool = True) -> dict[str, Any]:
+    """Train with ``config``; ``resume`` continues from the latest complete checkpoint (if any).
+
+    Args:
+        config: the checked configuration.
+        resume: continue from ``checkpointing.checkpoint_dir``'s latest ``step_N``; without it, a
+            folder that already holds checkpoints is refused rather than mixed with a new run.
+        engine: an engine to use instead of starting the resumable vLLM engine (it must be able to
+            capture when partial rollouts are on).
+        progress: show a progress bar.
+
+    Returns:
+        A summary: final step, reward per step, ledger counters.
+    """
+    from partial_rollout.engine.adapter import ResumableEngine
+    from partial_rollout.engine.factory import EngineConfig
+    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+
+    if engine is not None and config.checkpointing.partial_rollouts.enabled and not isinstance(engine, CapturingEngine):
+        raise ConfigError(
+            f"is on, but the engine ({type(engine).__name__}) cannot capture in-flight requests (no pause_and_capture/resume)",
+            field="checkpointing.partial_rollouts.enabled",
+            fix="Use the resumable engine (partial_rollout.engine), or turn partial rollouts off")
+    checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
+    restore_from = checkpoint.latest(checkpoint_dir)
+    if restore_from is not None and not resume:
+        raise ConfigError("already holds checkpoints of another run", path=checkpoint_dir,
+                          field="checkpointing.checkpoint_dir", fix="Pass --resume to continue it, or choose a new folder")
+    model_dir = Path(config.policy.model_name) if config.policy.model_name else build_tiny_model(TinyModelSpec(arch="llama"))
+    log_dir = Path(config.logger.log_dir)
+    ledger = WorkLedger(EventLog(log_dir / EVENTS_FILENAME, fresh=not resume))
+    policy = Policy(model_dir, config)
+    step = 0
+    if restore_from is not None:
+        policy.load(restore_from / checkpoint.POLICY_DIR)
+        step = int(checkpoint.read_training_info(restore_from)["current_step"])
+    own_engine = engine is None
+    if engine is None:
+        gen = config.generation
+        engine = await ResumableEngine.start(
+            EngineConfig(model=str(model_dir), max_model_len=gen.max_model_len, max_num_seqs=gen.max_num_seqs,
+                         kv_cache_memory_bytes=gen.kv_cache_memory_bytes, multiprocessing=gen.multiprocessing,
+                         seed=config.grpo.seed),
+            policy_version=step,
+        )
+    try:
+        loop = GRPOLoop(config, engine=engine, policy=policy, ledger=ledger, fingerprints=engine.fingerprints(),
+                        step=step, progress=progress)
+        if restore_from is not None:
+            await loop.sync_weights()
+            await loop.restore(restore_from)
+        elif resume:
+            ledger.record_resume(step=0, checkpoint=None)
+        else:
+            ledger.record_start(config=config.to_json())
+        return await loop.run()
+    finally:
+        ledger.events.close()
+        if own_engine:
+            await engine.shutdown()

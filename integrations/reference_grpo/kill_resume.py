@@ -1,0 +1,117 @@
+"""Run the trainer in a child process, SIGKILL it at a random moment after a save, and resume it.
+
+This is how the demo and the tests prove the mission: a real process killed without warning (no
+handler runs, no file is closed), then ``--resume`` from the latest complete checkpoint to the end.
+The kill moment is drawn after the child's ``save`` event for a chosen step appears in
+``events.jsonl``, so there is always a checkpoint to resume from and work in flight after it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from partial_rollout.ledger import EVENTS_FILENAME, read_events
+
+POLL_S = 0.05
+
+
+@dataclass(kw_only=True)
+class Attempt:
+    """One child process."""
+
+    resume: bool
+    returncode: int
+    killed: bool
+    wall_s: float
+    kill_after_save_step: int | None = None
+    kill_delay_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class KillPlan:
+    """When to kill: ``delay_s`` after the ``save`` event of step ``after_save_step``."""
+
+    after_save_step: int
+    delay_s: float
+
+    @classmethod
+    def draw(cls, rng: random.Random, *, save_period: int, max_num_steps: int, max_delay_s: float) -> KillPlan:
+        """A random save (not the last one, so there is work left to lose) and a random delay after it."""
+        saves = list(range(save_period, max_num_steps, save_period)) or [save_period]
+        return cls(after_save_step=rng.choice(saves), delay_s=rng.uniform(0.0, max_delay_s))
+
+
+@dataclass(kw_only=True)
+class KillResumeRun:
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return sum(a.wall_s for a in self.attempts)
+
+
+def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *, resume: bool) -> list[str]:
+    return [sys.executable, "-m", "integrations.reference_grpo", str(config), *overrides, "--no-progress",
+            *(["--resume"] if resume else [])]
+
+
+def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | None,
+              on_step: Callable[[int], None] | None = None, cwd: Path | None = None) -> Attempt:
+    """Run one trainer process to its end, or kill it as ``plan`` says; ``on_step`` sees each trained step."""
+    started = time.perf_counter()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with open(log, "ab") as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        kill_at: float | None = None
+        seen = 0
+        killed = False
+        while child.poll() is None:
+            time.sleep(POLL_S)
+            new = list(read_events(events))[seen:] if events.exists() else []
+            seen += len(new)
+            for event in new:
+                if event.get("pid") != child.pid:
+                    continue
+                if on_step and event["event"] == "log" and event.get("kind") == "train_step":
+                    on_step(event["step"])
+                if plan and kill_at is None and event["event"] == "save" and event["step"] == plan.after_save_step:
+                    kill_at = time.perf_counter() + plan.delay_s
+            if kill_at is not None and time.perf_counter() >= kill_at:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+                killed = True
+                break
+    return Attempt(resume="--resume" in command, returncode=child.returncode, killed=killed,
+                   wall_s=time.perf_counter() - started,
+                   kill_after_save_step=plan.after_save_step if plan else None, kill_delay_s=plan.delay_s if plan else None)
+
+
+def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *, log_dir: Path, plan: KillPlan | None,
+                    on_step: Callable[[int], None] | None = None, cwd: Path | None = None) -> KillResumeRun:
+    """Train from scratch, kill per ``plan`` (None: no kill), and resume until a process ends on its own.
+
+    Raises:
+        RuntimeError: a child failed (non-zero exit without being killed); its log names the cause.
+    """
+    events = log_dir / EVENTS_FILENAME
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "trainer.log"
+    run = KillResumeRun()
+    resume = False
+    while True:
+        attempt = run_child(trainer_command(config, overrides, resume=resume), events=events, log=log,
+                            plan=None if resume else plan, on_step=on_step, cwd=cwd)
+        run.attempts.append(attempt)
+        if not attempt.killed:
+            if attempt.returncode != 0:
+                raise RuntimeError(f"trainer exited with {attempt.returncode}; see {log}")
+            return run
+        resume = True
