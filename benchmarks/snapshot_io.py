@@ -88,7 +88,7 @@ def build_snapshot(num_samples: int, num_tokens: int, *, seed: int = 0) -> Snaps
                 samples=samples,
             )
         )
-    fingerprints = Fingerprints(model="sha256:bench", tokenizer="sha256:bench", vocab_size=VOCAB_SIZE, vllm_version="bench")
+    fingerprints = Fingerprints(model="bench", tokenizer="bench", vocab_size=VOCAB_SIZE, vllm_version="bench")
     return Snapshot(trainer_step=1000, policy_version=policy_version, fingerprints=fingerprints, groups=groups)
 
 

@@ -52,14 +52,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", metavar="PATH", help="a snapshot file, or a checkpoint folder holding partial_rollouts.safetensors")
+    p.add_argument("path", metavar="PATH", help="a snapshot file, or a checkpoint folder holding one")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--request", metavar="ID", help="show one sample in full, token by token (ID = GROUP_ID/SAMPLE_INDEX)")
-    mode.add_argument("--verify", action="store_true", help="check every checksum and rule; exit 0 if intact, 3 if damaged")
+    mode.add_argument("--request", metavar="ID", help="show one sample token by token (ID = GROUP_ID/SAMPLE_INDEX)")
+    mode.add_argument("--verify", action="store_true", help="check every checksum and rule; exit 0 intact, 3 damaged")
     p.add_argument("--json", action="store_true", help="print JSON instead of text (schema in docs/snapshot_format.md)")
     p.add_argument("--decode", action="store_true", help="show prefixes as text (needs the run's tokenizer)")
-    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer.json, or the folder holding it, for --decode and --request")
-    p.add_argument("--limit", metavar="N", type=_count, default=50, help="in-flight samples to list (default 50, 0 = all)")
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer.json or its folder, to show text (implies --decode)")
+    p.add_argument(
+        "--limit", metavar="N", type=_count, default=50, help="in-flight samples to list (default 50; 0 = all)"
+    )
     p.set_defaults(func=run)
 
 
@@ -118,8 +120,9 @@ def _verify(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(
-            f"{result['path']}: intact: {result['groups']} groups, {result['samples']} samples, {result['tokens']} tokens;"
-            f" the checksums of {result['tensors']} tensors and of the metadata match, every rule holds"
+            f"{result['path']}: intact: {result['groups']} groups, {result['samples']} samples,"
+            f" {result['tokens']} tokens; the checksums of {result['tensors']} tensors and of the metadata"
+            " match, every rule holds"
         )
     return EXIT_OK
 
@@ -163,18 +166,19 @@ def _find_request(reader: SnapshotReader, request: str) -> tuple[GroupRecord, Sa
     if head and tail.isdigit() and head in reader.group_ids:
         group = reader.group(head)
         index = int(tail)
-        if index >= len(group.samples):
-            raise BadInputError(f"group {head!r} has samples 0..{len(group.samples) - 1}, not {index}", field="--request")
+        last = len(group.samples) - 1
+        if index > last:
+            raise BadInputError(f"group {head!r} has samples 0..{last}, not {index}", field="--request")
         return group, group.samples[index]
     if request in reader.group_ids:
         group = reader.group(request)
-        if len(group.samples) != 1:
-            raise BadInputError(
-                f"group {request!r} has {len(group.samples)} samples; name one as {request}/0 .. {request}/{len(group.samples) - 1}",
-                field="--request",
-            )
+        last = len(group.samples) - 1
+        if last:
+            what = f"group {request!r} has {last + 1} samples; name one as {request}/0 .. {request}/{last}"
+            raise BadInputError(what, field="--request")
         return group, group.samples[0]
-    raise BadInputError(f"no request {request!r} in {reader.path}", field="--request", fix="IDs look like GROUP_ID/SAMPLE_INDEX; `dump` lists them.")
+    fix = "IDs look like GROUP_ID/SAMPLE_INDEX; `dump` lists them."
+    raise BadInputError(f"no request {request!r} in {reader.path}", field="--request", fix=fix)
 
 
 def _request(group: GroupRecord, sample: SampleRecord, tokenizer: Any) -> dict[str, Any]:
@@ -211,7 +215,8 @@ def _request(group: GroupRecord, sample: SampleRecord, tokenizer: Any) -> dict[s
 def _format_request(r: dict[str, Any]) -> str:
     sampling = r["sampling"]
     lines = [
-        f"sample {r['group_id']}/{r['sample']}: {r['state']} (group {r['group_state']}, dispatched at version {r['dispatch_version']})",
+        f"sample {r['group_id']}/{r['sample']}: {r['state']}"
+        f" (group {r['group_state']}, dispatched at version {r['dispatch_version']})",
         f"prompt {r['prompt_tokens']} tokens, prefix {r['prefix_tokens']} tokens, max_tokens {sampling['max_tokens']},"
         f" remaining {r['remaining_tokens']}",
         "sampling: " + " ".join(f"{k}={v}" for k, v in sampling.items() if k != "max_tokens"),
@@ -259,7 +264,8 @@ def _format_summary(s: dict[str, Any]) -> str:
     rows = table["rows"]
     if rows and "text" in rows[0]:
         for row in rows:
-            lines.append(f"--- {row['group_id']}/{row['sample']} ({row['prefix_tokens']} tokens, versions {_span(row['versions'])})")
+            versions = _span(row["versions"])
+            lines.append(f"--- {row['group_id']}/{row['sample']} ({row['prefix_tokens']} tokens, versions {versions})")
             lines.append(row["text"])
     elif rows:
         header = ["group", "sample", "prompt", "prefix", "remaining", "versions", "seeded", "sampler_state", "inexact"]

@@ -77,7 +77,8 @@ def model_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BadInputError("no config.json in this folder", path=model_dir, field="model", fix="Pass a Hugging Face model folder.") from None
+        fix = "Pass a Hugging Face model folder."
+        raise BadInputError("no config.json in this folder", path=model_dir, field="model", fix=fix) from None
     except ValueError as exc:
         raise BadInputError(f"not valid JSON: {exc}", path=config_file, field="config.json") from None
     weights: dict[str, Any] = {}

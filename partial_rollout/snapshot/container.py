@@ -60,7 +60,9 @@ class Chunks:
         self.dtype = np.dtype(dtype)
         for array in arrays:
             if array.dtype != self.dtype or array.ndim != 1 or not array.flags.c_contiguous:
-                raise ValueError(f"every chunk must be a contiguous 1-D {self.dtype} array, got {array.dtype}{list(array.shape)}")
+                raise ValueError(
+                    f"every chunk must be a contiguous 1-D {self.dtype} array, got {array.dtype}{list(array.shape)}"
+                )
         self.arrays = arrays
         self.shape = (sum(len(a) for a in arrays),)
         self.nbytes = self.shape[0] * self.dtype.itemsize
@@ -112,7 +114,11 @@ def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray | Chu
             raise ValueError(f"tensor {name!r}: safetensors cannot store dtype {array.dtype}")
         if isinstance(array, np.ndarray) and not array.flags.c_contiguous:
             raise ValueError(f"tensor {name!r} is not contiguous; pass np.ascontiguousarray(...)")
-        header[name] = {"dtype": DTYPE_CODES[array.dtype.name], "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        header[name] = {
+            "dtype": DTYPE_CODES[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
         offset += array.nbytes
     header["__metadata__"] = metadata
     text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -144,17 +150,17 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
-            raise SnapshotError(f"the file is {size} bytes, too short to be a safetensors file", path=path, field="header")
+            raise SnapshotError(f"the file is {size} bytes, too short for safetensors", path=path, field="header")
         (length,) = struct.unpack("<Q", prefix)
         if length > MAX_HEADER_SIZE:
             raise SnapshotError(
-                f"header length {length} exceeds safetensors' limit of {MAX_HEADER_SIZE}: not a safetensors file, or damaged",
+                f"header length {length} exceeds safetensors' limit of {MAX_HEADER_SIZE}: damaged, or not safetensors",
                 path=path,
                 field="header",
             )
         if 8 + length > size:
             raise SnapshotError(
-                f"header length {length} runs past the end of the {size}-byte file: truncated, damaged, or not safetensors",
+                f"header length {length} runs past the end of the {size}-byte file: truncated, or not safetensors",
                 path=path,
                 field="header",
             )
@@ -162,7 +168,8 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     try:
         entries = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise SnapshotError(f"the header is not valid UTF-8 JSON ({exc}): damaged, or not safetensors", path=path, field="header") from None
+        what = f"the header is not valid UTF-8 JSON ({exc}): damaged, or not safetensors"
+        raise SnapshotError(what, path=path, field="header") from None
     if not isinstance(entries, dict):
         raise SnapshotError("the header is not a JSON object", path=path, field="header")
     metadata = entries.pop("__metadata__", {})
@@ -174,7 +181,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     for name, entry in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
         if entry.start != covered:
             raise SnapshotError(
-                f"data_offsets start at {entry.start}, expected {covered}: tensors overlap or leave a gap (damaged header)",
+                f"data_offsets start at {entry.start}, expected {covered}: tensors overlap or leave a gap (damaged)",
                 path=path,
                 field=name,
             )
@@ -204,11 +211,12 @@ def _entry(path: str | os.PathLike[str], name: str, value: Any, data_size: int) 
         raise SnapshotError(f"unknown or unsupported dtype {dtype!r}", path=path, field=name)
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise SnapshotError(f"shape {shape!r} is not a list of sizes", path=path, field=name)
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+    pair = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+    if not (pair and 0 <= offsets[0] <= offsets[1]):
         raise SnapshotError(f"data_offsets {offsets!r} are not two increasing byte offsets", path=path, field=name)
     if offsets[1] > data_size:
         raise SnapshotError(
-            f"data_offsets {offsets} run past the end of the data ({data_size} bytes): the file is truncated or damaged",
+            f"data_offsets {offsets} run past the end of the data ({data_size} bytes): the file is truncated",
             path=path,
             field=name,
         )

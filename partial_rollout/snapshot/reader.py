@@ -4,8 +4,9 @@ Opening a :class:`SnapshotReader` reads the header, the metadata and the small *
 tensors (states, offsets, codes, version runs: a few bytes per sample) and checks them all, with
 their checksums. The *payload* tensors (tokens, logprobs, prompts, group data, sampler states) are
 read only when asked: whole and checksummed by :meth:`SnapshotReader.load` and
-:meth:`~SnapshotReader.verify`, or sliced for one group by :meth:`~SnapshotReader.group`. So the
-dump command prints a summary of a multi-gigabyte snapshot without reading its tokens.
+:meth:`~SnapshotReader.verify`, streamed through their checksums without being decoded by
+:meth:`~SnapshotReader.verify_checksums`, or sliced for one group by :meth:`~SnapshotReader.group`.
+So the dump command summarises a multi-gigabyte snapshot in constant memory.
 
 Every problem raises :class:`~partial_rollout.errors.SnapshotError` naming the file and the field.
 """
@@ -40,8 +41,21 @@ from partial_rollout.snapshot.schema import (
     check_group,
 )
 
-
 _CHUNK = 16 << 20
+"""Bytes per read when streaming a tensor through its checksum."""
+_PER_SAMPLE = (
+    "sample.sampling_index",
+    "sample.seed",
+    "sample.has_seed",
+    "sample.finish_reason",
+    "sample.stop_reason",
+    "sample.inexact",
+    "sample.reward",
+    "sample.has_reward",
+)
+"""Tensors with one entry per sample besides ``sample.state``, which defines S."""
+_GROUP_OFFSETS = ("group.id_offsets", "group.data_offsets", "group.prompt_offsets", "group.sample_offsets")
+_SAMPLE_OFFSETS = ("sample.token_offsets", "sample.version_run_offsets", "sample.sampler_state_offsets")
 
 
 def find_snapshot(path: str | os.PathLike[str]) -> Path:
@@ -96,6 +110,11 @@ class SnapshotReader:
     Attributes:
         path: the snapshot file.
         file_size: its size in bytes.
+        format_version: the file's format version.
+        writer: free text naming the program that wrote it.
+        trainer_step, policy_version, fingerprints, counters, evicted_by_reason, metadata: as in
+            :class:`~partial_rollout.snapshot.Snapshot`, parsed and checked on open.
+        tables: the ``tables`` metadata (sampling parameters and reason strings by code).
         arrays: the structural tensors, loaded and checked on open (every tensor of
             :data:`~partial_rollout.snapshot.layout.TENSORS` except the payload ones).
         group_ids: every group's id, in file order.
@@ -142,12 +161,12 @@ class SnapshotReader:
         version = int(text)
         if version > FORMAT_VERSION:
             raise self._error(
-                f"format_version {version} was written by a newer partial-rollout; this one reads version {FORMAT_VERSION}",
+                f"format_version {version} was written by a newer partial-rollout; this one reads {FORMAT_VERSION}",
                 "format_version",
                 fix="Upgrade partial-rollout to load it.",
             )
         if version != FORMAT_VERSION:
-            raise self._error(f"unknown format_version {version}; this partial-rollout reads version {FORMAT_VERSION}", "format_version")
+            raise self._error(f"unknown format_version {version}; this one reads {FORMAT_VERSION}", "format_version")
         return version
 
     def _check_metadata_keys(self, metadata: dict[str, str]) -> None:
@@ -156,7 +175,7 @@ class SnapshotReader:
             raise self._error(f"missing metadata keys {missing}", "__metadata__")
         unknown = sorted(set(metadata) - set(layout.METADATA_KEYS))
         if unknown:
-            raise self._error(f"unknown metadata keys {unknown} (version {FORMAT_VERSION} has no such keys)", "__metadata__")
+            raise self._error(f"unknown metadata keys {unknown} (not in version {FORMAT_VERSION})", "__metadata__")
 
     def _parse_checksums(self, metadata: dict[str, str]) -> dict[str, str]:
         checksums = self._json(metadata, CHECKSUMS_KEY)
@@ -167,7 +186,7 @@ class SnapshotReader:
         computed = metadata_checksum(metadata)
         if checksums["metadata"] != computed:
             raise self._error(
-                f"metadata checksum mismatch (stored {checksums['metadata']!r}, computed {computed!r}): the header is damaged",
+                f"metadata checksum mismatch (stored {checksums['metadata']!r}, computed {computed!r}): damaged header",
                 CHECKSUMS_KEY,
             )
         tensors = checksums["tensors"]
@@ -175,7 +194,8 @@ class SnapshotReader:
             raise self._error("tensors must map tensor names to checksums", CHECKSUMS_KEY)
         if set(tensors) != set(self._entries):
             extra, missing = sorted(set(tensors) - set(self._entries)), sorted(set(self._entries) - set(tensors))
-            raise self._error(f"checksums do not match the tensors (unknown: {extra}, missing: {missing})", CHECKSUMS_KEY)
+            what = f"checksums do not match the tensors (unknown: {extra}, missing: {missing})"
+            raise self._error(what, CHECKSUMS_KEY)
         return tensors
 
     def _json(self, metadata: dict[str, str], key: str) -> Any:
@@ -239,7 +259,8 @@ class SnapshotReader:
         for name, dtype in layout.TENSORS.items():
             entry = self._entries.get(name)
             if entry is None:
-                raise self._error("tensor missing", name, fix=f"Every version-{FORMAT_VERSION} snapshot has it; the file is damaged or incomplete.")
+                fix = f"Every version-{FORMAT_VERSION} snapshot has it; the file is damaged or incomplete."
+                raise self._error("tensor missing", name, fix=fix)
             if entry.dtype != np.dtype(dtype).name:
                 raise self._error(f"dtype is {entry.dtype}, expected {np.dtype(dtype).name}", name)
             if len(entry.shape) != 1:
@@ -248,19 +269,15 @@ class SnapshotReader:
         if unknown:
             raise self._error(f"unknown tensors {unknown} (version {FORMAT_VERSION} has no such tensors)", unknown[0])
         size = {name: entry.shape[0] for name, entry in self._entries.items() if name in layout.TENSORS}
-        groups, samples, tokens, runs = size["group.state"], size["sample.state"], size["sample.tokens"], size["sample.version_run_values"]
+        groups, samples = size["group.state"], size["sample.state"]
         expected = {
-            **{n: groups + 1 for n in ("group.id_offsets", "group.data_offsets", "group.prompt_offsets", "group.sample_offsets")},
             "group.dispatch_version": groups,
-            **{n: samples + 1 for n in ("sample.token_offsets", "sample.version_run_offsets", "sample.sampler_state_offsets")},
-            **{
-                n: samples
-                for n in ("sample.sampling_index", "sample.seed", "sample.has_seed", "sample.finish_reason", "sample.stop_reason")
-            },
-            **{n: samples for n in ("sample.inexact", "sample.reward", "sample.has_reward")},
-            "sample.logprobs": tokens,
-            "sample.version_run_lengths": runs,
+            "sample.logprobs": size["sample.tokens"],
+            "sample.version_run_lengths": size["sample.version_run_values"],
         }
+        expected.update((name, groups + 1) for name in _GROUP_OFFSETS)
+        expected.update((name, samples + 1) for name in _SAMPLE_OFFSETS)
+        expected.update((name, samples) for name in _PER_SAMPLE)
         for name, length in expected.items():
             if size[name] != length:
                 raise self._error(f"has {size[name]} entries, expected {length} to match the other tensors", name)
@@ -286,17 +303,18 @@ class SnapshotReader:
         self._check_codes("sample.inexact", layout.NO_CODE, len(self.tables["inexact_reasons"]) - 1)
         self._check_codes("sample.version_run_lengths", 1, INT32_MAX)
         self._check_codes("sample.version_run_values", 0, self.policy_version)
-        if not np.array_equal(run_ends(a["sample.version_run_lengths"])[a["sample.version_run_offsets"]], a["sample.token_offsets"]):
+        run_starts = run_ends(a["sample.version_run_lengths"])[a["sample.version_run_offsets"]]
+        if not np.array_equal(run_starts, a["sample.token_offsets"]):
             raise self._error("the runs of some sample do not add up to its token count", "sample.version_run_lengths")
         id_bytes, offsets = a["group.id_bytes"].tobytes(), a["group.id_offsets"].tolist()
         try:
             self.group_ids = [id_bytes[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
         except UnicodeDecodeError as exc:
             raise self._error(f"a group id is not valid UTF-8: {exc}", "group.id_bytes") from None
-        if len(set(self.group_ids)) != len(self.group_ids):
-            duplicate = next(g for g in self.group_ids if self.group_ids.count(g) > 1)
-            raise self._error(f"group id {duplicate!r} appears twice", "group.id_bytes")
         self._group_index = {gid: i for i, gid in enumerate(self.group_ids)}
+        if len(self._group_index) != len(self.group_ids):
+            duplicate = next(gid for i, gid in enumerate(self.group_ids) if self._group_index[gid] != i)
+            raise self._error(f"group id {duplicate!r} appears twice", "group.id_bytes")
 
     def _check_offsets(self, name: str, total: int, *, minimum_step: int = 0) -> None:
         offsets = self.arrays[name]
@@ -339,11 +357,7 @@ class SnapshotReader:
             if name not in self._entries:
                 raise KeyError(name)
             array = self._read(name, None)
-            computed = tensor_checksum(array)
-            if computed != self._checksums[name]:
-                raise self._error(
-                    f"checksum mismatch (stored {self._checksums[name]}, computed {computed}): its bytes are damaged", name
-                )
+            self._check_checksum(name, tensor_checksum(array))
             self._full[name] = array
         return self._full[name]
 
@@ -367,8 +381,12 @@ class SnapshotReader:
                     if not chunk:
                         raise self._error("the file ends inside this tensor: it was truncated while open", name)
                     crc, left = zlib.crc32(chunk, crc), left - len(chunk)
-                if f"{crc:08x}" != self._checksums[name]:
-                    raise self._error(f"checksum mismatch (stored {self._checksums[name]}, computed {crc:08x}): its bytes are damaged", name)
+                self._check_checksum(name, f"{crc:08x}")
+
+    def _check_checksum(self, name: str, computed: str) -> None:
+        if computed != self._checksums[name]:
+            stored = self._checksums[name]
+            raise self._error(f"checksum mismatch (stored {stored}, computed {computed}): its bytes are damaged", name)
 
     def _read(self, name: str, bounds: tuple[int, int] | None) -> np.ndarray:
         try:
@@ -421,7 +439,8 @@ class SnapshotReader:
         group_id = self.group_ids[g]
         where = f"group {group_id!r}"
         try:
-            data = json.loads(self._payload("group.data_bytes", c["group.data_offsets"][g], c["group.data_offsets"][g + 1]).tobytes())
+            raw = self._payload("group.data_bytes", c["group.data_offsets"][g], c["group.data_offsets"][g + 1])
+            data = json.loads(raw.tobytes())
         except ValueError as exc:
             raise self._error(f"{where}: data is not valid UTF-8 JSON: {exc}", "group.data_bytes") from None
         first, last = c["group.sample_offsets"][g], c["group.sample_offsets"][g + 1]
@@ -472,7 +491,8 @@ class SnapshotReader:
         if self._all_versions is not None:
             return self._all_versions[start:stop]
         runs = slice(run_start, run_stop)
-        return decode_runs(self.arrays["sample.version_run_values"][runs], self.arrays["sample.version_run_lengths"][runs])
+        a = self.arrays
+        return decode_runs(a["sample.version_run_values"][runs], a["sample.version_run_lengths"][runs])
 
     @functools.cached_property
     def _columns(self) -> dict[str, list[Any]]:
@@ -483,7 +503,8 @@ class SnapshotReader:
         """Read every tensor, check every checksum and rule, and return the :class:`Snapshot`."""
         for name in self._entries:
             self.array(name)
-        self._all_versions = decode_runs(self.arrays["sample.version_run_values"], self.arrays["sample.version_run_lengths"])
+        a = self.arrays
+        self._all_versions = decode_runs(a["sample.version_run_values"], a["sample.version_run_lengths"])
         # Building ~10 objects per sample would trigger the cyclic garbage collector over and over
         # (each pass scans every object built so far), which makes a large load several times slower.
         collecting = gc.isenabled()

@@ -74,15 +74,16 @@ def canonical_json(value: Any, *, what: str, sort_keys: bool = False) -> str:
     Raises:
         ValueError: ``value`` is not JSON-native or holds text that is not valid Unicode.
     """
+    native = f"{what} must be JSON-native (dict with str keys, list, str, int, float, bool, None)"
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=sort_keys, separators=(",", ":"))
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be JSON-native (dict with str keys, list, str, int, float, bool, None): {exc}") from None
+        raise ValueError(f"{native}: {exc}") from None
     if json.loads(text) != value:
         raise ValueError(
-            f"{what} must be JSON-native (dict with str keys, list, str, int, float, bool, None): it changes on a"
-            " JSON round trip (tuples become lists, non-str keys become str); convert it before building the snapshot"
+            f"{native}: it changes on a JSON round trip (tuples become lists, non-str keys become str);"
+            " convert it before building the snapshot"
         )
     return text
 
@@ -258,7 +259,7 @@ class SamplingSpec:
             raise ValueError(f"sampling parameters must be a JSON object, got {type(data).__name__}")
         unknown = sorted(set(data) - _SAMPLING_FIELDS)
         if unknown:
-            raise ValueError(f"unknown sampling parameters {unknown}; fields vLLM knows but we do not belong in 'extra'")
+            raise ValueError(f"unknown sampling parameters {unknown}; other vLLM fields belong in 'extra'")
         if "max_tokens" not in data:
             raise ValueError("sampling parameters lack 'max_tokens'")
         kwargs = dict(data)
@@ -333,10 +334,10 @@ class SampleRecord:
                 raise ValueError(f"versions must be >= 0, got {self.versions.min()}")
         if self.finish_reason is not None:
             self.finish_reason = _text("finish_reason", self.finish_reason)
-        if self.stop_reason is not None and (isinstance(self.stop_reason, bool) or not isinstance(self.stop_reason, (int, str))):
-            raise ValueError(f"stop_reason must be an int, a str or None, got {self.stop_reason!r}")
         if isinstance(self.stop_reason, str):
             _text("stop_reason", self.stop_reason)
+        elif self.stop_reason is not None:
+            self.stop_reason = _int("stop_reason", self.stop_reason)
         if self.reward is not None:
             self.reward = _float("reward", self.reward)
         if self.sampler_state is not None:
@@ -469,7 +470,9 @@ class Fingerprints:
         self.vocab_size = _int("fingerprints.vocab_size", self.vocab_size, minimum=1, maximum=INT32_MAX + 1)
         if not isinstance(self.extra, Mapping):
             raise ValueError(f"fingerprints.extra must be a dict, got {type(self.extra).__name__}")
-        self.extra = {_text("fingerprints.extra key", k): _text(f"fingerprints.extra[{k!r}]", v) for k, v in self.extra.items()}
+        self.extra = {
+            _text("fingerprints.extra key", k): _text(f"fingerprints.extra[{k!r}]", v) for k, v in self.extra.items()
+        }
 
     def mismatches(self, other: Fingerprints) -> list[str]:
         """Names of the compared fields that differ (``extra`` keys as ``extra.<key>``); empty when they match."""
@@ -591,17 +594,19 @@ def check_group(group: GroupRecord, *, vocab_size: int, policy_version: int) -> 
         ValueError: naming the group, the sample and the offending value.
     """
     where = f"group {group.group_id!r}"
+    vocab = f"fingerprints.vocab_size {vocab_size}"
     if group.prompt_token_ids.max() >= vocab_size:
-        raise ValueError(f"{where}: prompt token id {group.prompt_token_ids.max()} >= fingerprints.vocab_size {vocab_size}")
+        raise ValueError(f"{where}: prompt token id {group.prompt_token_ids.max()} >= {vocab}")
     if group.dispatch_version > policy_version:
         raise ValueError(f"{where}: dispatch_version {group.dispatch_version} > policy_version {policy_version}")
     for sample in group.samples:
         if not sample.num_tokens:
             continue
         if sample.token_ids.max() >= vocab_size:
-            raise ValueError(f"{where} sample {sample.index}: token id {sample.token_ids.max()} >= fingerprints.vocab_size {vocab_size}")
+            raise ValueError(f"{where} sample {sample.index}: token id {sample.token_ids.max()} >= {vocab}")
         if sample.versions.max() > policy_version:
-            raise ValueError(f"{where} sample {sample.index}: version {sample.versions.max()} > policy_version {policy_version}")
+            version = sample.versions.max()
+            raise ValueError(f"{where} sample {sample.index}: version {version} > policy_version {policy_version}")
 
 
 def _counts(name: str, value: Any) -> dict[str, int]:

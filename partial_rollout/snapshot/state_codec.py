@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
+from partial_rollout.snapshot.container import DTYPE_CODES
+
 TYPE_KEY = "__type__"
 """The reserved key that marks a tagged value."""
 
-NUMPY_DTYPES = frozenset(
-    ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "float32", "float64", "complex64"]
-)
+NUMPY_DTYPES = frozenset(DTYPE_CODES)
 """numpy dtypes safetensors can store (by ``dtype.name``)."""
 
 _UINT_OF_WIDTH = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
@@ -101,7 +101,8 @@ def encode(state: Any, *, prefix: str = "loader.") -> tuple[Any, dict[str, np.nd
             return {TYPE_KEY: "numpy_scalar", "dtype": value.dtype.name, "value": walk(value.item(), path)}
         if isinstance(value, np.ndarray):
             if value.dtype.name not in NUMPY_DTYPES:
-                raise ValueError(f"{path}: cannot store a numpy array of dtype {value.dtype}; safetensors knows {sorted(NUMPY_DTYPES)}")
+                known = sorted(NUMPY_DTYPES)
+                raise ValueError(f"{path}: cannot store a numpy array of dtype {value.dtype}; storable: {known}")
             return {TYPE_KEY: "tensor", "framework": "numpy", "dtype": value.dtype.name, "name": store(value)}
         torch = sys.modules.get("torch")  # a torch tensor implies torch is imported; never import it here
         if torch is not None and isinstance(value, torch.Tensor):
@@ -247,7 +248,10 @@ def states_equal(a: Any, b: Any) -> bool:
             and isinstance(b, torch.Tensor)
             and a.dtype == b.dtype
             and a.shape == b.shape
-            and bool(torch.equal(a.cpu(), b.cpu()) or (a.is_floating_point() and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
+            and (
+                bool(torch.equal(a.cpu(), b.cpu()))
+                or (a.is_floating_point() and bool(torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)))
+            )
         )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return (

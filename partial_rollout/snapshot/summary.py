@@ -43,12 +43,15 @@ def summarize(reader: SnapshotReader, *, limit: int) -> dict[str, Any]:
     counts.update({f"groups_{s.value}": int((group_state == layout.GROUP_STATE_CODES[s]).sum()) for s in GroupState})
     counts["groups_partial"] = int(((finished_per_group > 0) & (finished_per_group < group_sizes)).sum())
     counts["samples"] = reader.num_samples
-    counts.update({f"samples_{s.value}": int((sample_state == layout.SAMPLE_STATE_CODES[s]).sum()) for s in SampleState})
+    counts.update(
+        {f"samples_{s.value}": int((sample_state == layout.SAMPLE_STATE_CODES[s]).sum()) for s in SampleState}
+    )
     counts["tokens"] = reader.num_tokens
     counts["tokens_in_flight"] = int(lengths[in_flight].sum())
     counts["prompt_tokens"] = int(a["group.prompt_offsets"][-1])
 
     sampler_total = int(sampler_bytes.sum())
+    per_token = round((reader.file_size - sampler_total) / reader.num_tokens, 3) if reader.num_tokens else None
     return {
         "path": str(reader.path),
         "format": FORMAT_NAME,
@@ -68,13 +71,15 @@ def summarize(reader: SnapshotReader, *, limit: int) -> dict[str, Any]:
         "size": {
             "file_bytes": reader.file_size,
             "sampler_state_bytes": sampler_total,
-            "bytes_per_token": round((reader.file_size - sampler_total) / reader.num_tokens, 3) if reader.num_tokens else None,
+            "bytes_per_token": per_token,
         },
         "in_flight": _rows(reader, np.flatnonzero(in_flight), limit, lengths, sampler_bytes),
     }
 
 
-def _rows(reader: SnapshotReader, samples: np.ndarray, limit: int, lengths: np.ndarray, sampler_bytes: np.ndarray) -> dict[str, Any]:
+def _rows(
+    reader: SnapshotReader, samples: np.ndarray, limit: int, lengths: np.ndarray, sampler_bytes: np.ndarray
+) -> dict[str, Any]:
     a = reader.arrays
     sample_offsets = a["group.sample_offsets"]
     prompt_lengths = np.diff(a["group.prompt_offsets"])

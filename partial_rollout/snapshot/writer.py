@@ -1,9 +1,10 @@
 """Turn a :class:`Snapshot` into flat tensors plus JSON metadata, and save it atomically.
 
-Everything per group or per sample becomes a flat tensor (plus offsets when ragged), built with
-vectorised numpy, so the header stays a few kilobytes for 100,000 samples and saving is one
-streaming write. The exact layout is in docs/snapshot_format.md and
-:mod:`partial_rollout.snapshot.layout`.
+Everything per group or per sample becomes a flat tensor (plus offsets when ragged), so the header
+stays a few kilobytes for 100,000 samples. Token ids and logprobs are written straight from each
+sample's array (:class:`~partial_rollout.snapshot.container.Chunks`), never copied into one big
+array first, so saving is one streaming write at disk speed. The exact layout is in
+docs/snapshot_format.md and :mod:`partial_rollout.snapshot.layout`.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def encode_snapshot(snapshot: Snapshot) -> tuple[dict[str, np.ndarray | Chunks],
     tensors["sample.token_offsets"] = _offsets([s.num_tokens for s in samples])
     tensors["sample.tokens"] = Chunks([s.token_ids for s in samples], np.int32)
     tensors["sample.logprobs"] = Chunks([s.logprobs for s in samples], np.float32)
-    runs = encode_runs([s.versions for s in samples])
-    tensors["sample.version_run_offsets"], tensors["sample.version_run_values"], tensors["sample.version_run_lengths"] = runs
+    run_offsets, run_values, run_lengths = encode_runs([s.versions for s in samples])
+    tensors["sample.version_run_offsets"] = run_offsets
+    tensors["sample.version_run_values"] = run_values
+    tensors["sample.version_run_lengths"] = run_lengths
 
     sampling: list[dict[str, Any]] = []
     sampling_codes: dict[tuple[Any, ...], int] = {}
@@ -146,9 +149,8 @@ class _Interner:
     def codes(self, keys: Sequence[Hashable | None], values: Sequence[Any] | None = None) -> np.ndarray:
         """int32 codes of ``keys``, :data:`~layout.NO_CODE` for None."""
         values = keys if values is None else values
-        return np.array(
-            [layout.NO_CODE if key is None else self.code(key, value) for key, value in zip(keys, values)], dtype=np.int32
-        )
+        codes = [layout.NO_CODE if key is None else self.code(key, value) for key, value in zip(keys, values)]
+        return np.array(codes, dtype=np.int32)
 
 
 def _offsets(lengths: Sequence[int]) -> np.ndarray:
