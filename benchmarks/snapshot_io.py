@@ -1,4 +1,4 @@
-"""Snapshot I/O throughput: save, load (full validation), dump summary (lazy), verify.
+"""Snapshot I/O throughput: save, load (full validation), dump summary, verify.
 
 Builds a synthetic snapshot of in-flight samples (GRPO groups of 8, 256-token prompts, random
 tokens and logprobs, a weight update half-way through every fourth sample, 5056-byte sampler
@@ -9,13 +9,15 @@ for comparison.
 
 Usage::
 
-    python -m benchmarks.snapshot_io [--samples 10000] [--tokens 2000] [--out benchmarks/results/snapshot_io.json]
+    python -m benchmarks.snapshot_io [--samples 10000] [--tokens 2000] [--repeats 3]
+                                     [--out benchmarks/results/snapshot_io.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -23,6 +25,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,39 +105,40 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
-def timed(label: str, fn: Any) -> tuple[float, Any]:
-    print(f"{label} ...", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - start, result
+def best_of(repeats: int, label: str, fn: Callable[[], Any], *, before: Callable[[], None] = lambda: None) -> float:
+    """The shortest of ``repeats`` timed runs of ``fn`` (each after ``before``): the least disturbed one."""
+    times = []
+    for _ in tqdm(range(repeats), desc=label, unit="run", file=sys.stderr, leave=False):
+        before()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
-def run(num_samples: int, num_tokens: int, folder: Path) -> dict[str, Any]:
+def run(num_samples: int, num_tokens: int, folder: Path, repeats: int) -> dict[str, Any]:
     snapshot = build_snapshot(num_samples, num_tokens)
     path = folder / "partial_rollouts.safetensors"
-    save_s, size = timed("save", lambda: save_snapshot(snapshot, path))
+    load_before = os.getloadavg()[0]
+    save_s = best_of(repeats, "save", lambda: save_snapshot(snapshot, path))
     del snapshot
-    mb = size / 1e6
+    size = path.stat().st_size
 
-    evict(path)
-    load_s, loaded = timed("load", lambda: load_snapshot(path))
-    assert loaded.counts()["samples_in_flight"] == num_samples
-    del loaded
+    def load() -> None:
+        assert load_snapshot(path).counts()["samples_in_flight"] == num_samples
 
-    def dump() -> int:
+    def dump() -> None:
         with contextlib.redirect_stdout(io.StringIO()):
-            return cli_main(["dump", str(path), "--json"])
-
-    evict(path)
-    dump_s, status = timed("dump summary", dump)
-    assert status == 0
+            assert cli_main(["dump", str(path), "--json"]) == 0
 
     def verify() -> None:
         with SnapshotReader(path) as reader:
             reader.verify()
 
-    evict(path)
-    verify_s, _ = timed("verify", verify)
+    cold = functools.partial(evict, path)
+    load_s = best_of(repeats, "load", load, before=cold)
+    dump_s = best_of(repeats, "dump summary", dump, before=cold)
+    verify_s = best_of(repeats, "verify", verify, before=cold)
 
     baseline = folder / "baseline.bin"
     payload = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
@@ -145,13 +149,21 @@ def run(num_samples: int, num_tokens: int, folder: Path) -> dict[str, Any]:
             f.flush()
             os.fsync(f.fileno())
 
-    write_s, _ = timed("baseline write + fsync", write_baseline)
-    evict(baseline)
-    read_s, _ = timed("baseline read", lambda: baseline.read_bytes())
+    write_s = best_of(repeats, "baseline write + fsync", write_baseline)
+    read_s = best_of(repeats, "baseline read", baseline.read_bytes, before=functools.partial(evict, baseline))
 
     with SnapshotReader(path) as reader:
         sampler_bytes = int(np.diff(reader.arrays["sample.sampler_state_offsets"]).sum())
+        prompt_bytes = reader.arrays["group.prompt_offsets"][-1] * 4
         tokens = reader.num_tokens
+    seconds = {
+        "save": save_s,
+        "load": load_s,
+        "dump_summary": dump_s,
+        "verify": verify_s,
+        "baseline_write_fsync": write_s,
+        "baseline_read": read_s,
+    }
     return {
         "samples": num_samples,
         "tokens_per_sample": num_tokens,
@@ -159,30 +171,25 @@ def run(num_samples: int, num_tokens: int, folder: Path) -> dict[str, Any]:
         "sampler_state_bytes_per_sample": SAMPLER_STATE_BYTES,
         "file_bytes": size,
         "bytes_per_token": round((size - sampler_bytes) / tokens, 4),
+        "bytes_per_token_without_prompts": round((size - sampler_bytes - prompt_bytes) / tokens, 4),
         "bytes_per_token_with_sampler_state": round(size / tokens, 4),
-        "seconds": {
-            "save": round(save_s, 3),
-            "load": round(load_s, 3),
-            "dump_summary": round(dump_s, 3),
-            "verify": round(verify_s, 3),
-            "baseline_write_fsync": round(write_s, 3),
-            "baseline_read": round(read_s, 3),
-        },
-        "MB_per_s": {
-            "save": round(mb / save_s, 1),
-            "load": round(mb / load_s, 1),
-            "dump_summary": round(mb / dump_s, 1),
-            "verify": round(mb / verify_s, 1),
-            "baseline_write_fsync": round(mb / write_s, 1),
-            "baseline_read": round(mb / read_s, 1),
-        },
+        "repeats": repeats,
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "MB_per_s": {k: round(size / 1e6 / v, 1) for k, v in seconds.items()},
         "notes": (
-            "MB = 1e6 bytes of snapshot file. save includes fsync and the atomic rename; load and verify read,"
-            " checksum and validate every byte; dump_summary is `partial-rollout dump --json` in-process, which"
-            " reads only the structural tensors (its MB/s is the file size over its time). Page cache evicted"
-            " (posix_fadvise DONTNEED) before each read."
+            "Best of `repeats` runs. MB = 1e6 bytes of snapshot file. save includes fsync and the atomic rename;"
+            " load and verify read, checksum and validate every byte and build every record; dump_summary is"
+            " `partial-rollout dump --json` in-process: it streams every byte through its checksum but decodes"
+            " only the structural tensors. Page cache evicted (posix_fadvise DONTNEED) before each read."
+            " baseline_* write and read the same number of random bytes with plain Python I/O."
         ),
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_at_start": round(load_before, 2),
+            "load_average_at_end": round(os.getloadavg()[0], 2),
+        },
     }
 
 
@@ -190,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=10_000, help="in-flight samples (default 10000)")
     parser.add_argument("--tokens", type=int, default=2_000, help="generated tokens per sample (default 2000)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per operation; the fastest counts (default 3)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here too")
     parser.add_argument("--dir", type=Path, default=None, help="folder for the temporary files (default: system temp)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
-        result = run(args.samples, args.tokens, Path(folder))
+        result = run(args.samples, args.tokens, Path(folder), args.repeats)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out is not None:
