@@ -4,6 +4,7 @@ Usage::
 
     partial-rollout dump PATH [--json | --request ID | --decode | --verify]
     partial-rollout generate [--model DIR] [--prompts N] [--max-tokens M]
+    partial-rollout check-resume [--model DIR] [--requests N] [--seed S]
     partial-rollout --help
 
 Each subcommand lives in its own module and registers itself here through a ``register(subparsers)``
@@ -25,6 +26,7 @@ from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, PartialRolloutE
 SUBCOMMAND_MODULES = (
     "partial_rollout.dump",
     "partial_rollout.generate",
+    "partial_rollout.check_resume",
 )
 """Modules that provide a ``register(subparsers)`` function, in the order ``--help`` lists them."""
 

@@ -123,6 +123,8 @@ class ResumableEngine:
         self._live: dict[str, _Live] = {}
         self._paused_at: float | None = None
         self._warned: set[str] = set()
+        self.tokens_received = 0
+        """Output tokens this engine has delivered since it started (a progress counter)."""
         tokenizer = llm.get_tokenizer()
         self._tokenizer = tokenizer
         self._eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
@@ -232,6 +234,7 @@ class ResumableEngine:
                 completion = out.outputs[0]
                 new = completion.token_ids
                 live.token_ids.extend(new)
+                self.tokens_received += len(new)
                 if new:
                     if completion.logprobs is None or len(completion.logprobs) != len(new):
                         raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
