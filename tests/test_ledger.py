@@ -172,14 +172,18 @@ def test_audit_rolls_back_work_after_the_save_it_resumes_from(tmp_path: Path) ->
     assert (report.yielded, report.trained, report.outstanding_at_end) == (5, 4, 1)
     (resume,) = report.resumes
     assert resume["rolled_back_consumes"] == 2 and resume["lost"] == 0
-    assert resume["groups_at_save"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    assert resume["saved_by_state"] == resume["outstanding_at_save_by_state"] == {"pending": 1, "in_flight": 1, "ready": 1}
     assert report.tokens_regenerated == 6  # c's 6 tokens were generated, rolled back, generated again
 
 
 def test_audit_finds_what_a_ready_only_save_loses(tmp_path: Path) -> None:
     report = audit(kill_and_resume(tmp_path, keep={GroupState.READY}))
     assert report.lost_ids == ["c", "d"] and report.duplicated == 0
-    assert report.resumes[0]["lost_ids"] == ["c", "d"] and report.resumes[0]["outstanding_at_save"] == 3
+    resume = report.resumes[0]
+    assert resume["lost_ids"] == ["c", "d"] and resume["outstanding_at_save"] == 3
+    assert resume["saved_by_state"] == {"pending": 0, "in_flight": 0, "ready": 1}
+    assert resume["outstanding_at_save_by_state"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    assert resume["samples_unfinished_at_save"] == 1
 
 
 def test_audit_counts_real_duplicates_and_rejects_unknown_saves(tmp_path: Path) -> None:

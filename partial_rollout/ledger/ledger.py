@@ -252,6 +252,10 @@ class WorkLedger:
     ) -> Snapshot:
         """Cut a snapshot of the groups in ``states`` into ``folder`` and log the ``save`` event.
 
+        The event records what was outstanding (groups per state, unfinished samples) and what was
+        saved (groups per state, captured in-flight samples and their prefix tokens), so an audit
+        can show what a save that keeps less (ready groups only) leaves behind.
+
         The ``save`` event is written (and fsynced) *before* the snapshot file, and both before the
         caller commits the checkpoint folder: a kill in between leaves an uncommitted folder that
         no resume uses, and a ``save`` event that no ``resume`` refers to, which is harmless.
@@ -265,11 +269,15 @@ class WorkLedger:
             loader_state=loader_state, states=states, metadata=metadata,
         )
         stats = snapshot.counts()
+        outstanding = {state.value: 0 for state in GroupState}
+        for group in self._groups.values():
+            outstanding[group.state.value] += 1
+        unfinished = sum(s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples)
         self._emit(
             "save", durable=True, save_id=self.last_save_id, step=trainer_step, policy_version=policy_version,
-            groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
-            samples_in_flight=stats["samples_in_flight"], prefix_tokens=stats["tokens_in_flight"],
-            saved=[g.group_id for g in snapshot.groups], **event_fields,
+            outstanding=outstanding, groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
+            samples_unfinished=unfinished, samples_in_flight=stats["samples_in_flight"],
+            prefix_tokens=stats["tokens_in_flight"], saved=[g.group_id for g in snapshot.groups], **event_fields,
         )
         save_snapshot(snapshot, folder)
         return snapshot
