@@ -92,8 +92,13 @@ def test_sample_record_state_rules() -> None:
         SampleRecord(index=0, state=SampleState.FINISHED, sampling=SPEC)
     with pytest.raises(ValueError, match="a not_started sample has no tokens"):
         SampleRecord(index=0, state="not_started", sampling=SPEC, token_ids=[1], logprobs=[-1.0], versions=[0])
-    record = SampleRecord(index=0, state="finished", sampling=SPEC, token_ids=[1, 2], logprobs=[-1, -2], versions=[0, 1], finish_reason="stop")
+    record = SampleRecord(
+        index=0, state="finished", sampling=SPEC, token_ids=[1, 2], logprobs=[-1, -2], versions=[0, 1], finish_reason="stop"
+    )
     assert record.state is SampleState.FINISHED and record.logprobs.dtype == np.float32 and record.remaining_tokens == 2
+    strided = np.arange(8, dtype=np.int32)[::2]  # a view the writer could not stream: copied to contiguous
+    record = SampleRecord(index=0, state="in_flight", sampling=SPEC, token_ids=strided, logprobs=[-1.0] * 4, versions=strided)
+    assert record.token_ids.flags.c_contiguous and record.token_ids.tolist() == [0, 2, 4, 6]
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,7 @@ def _text(name: str, value: Any) -> str:
 
 def _array(name: str, values: Any, dtype: type[np.generic]) -> np.ndarray:
     """A 1-D array of ``dtype`` from a list or array, refusing values that do not fit it."""
-    if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1:
+    if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1 and values.flags.c_contiguous:
         return values
     array = np.asarray(values)
     if array.ndim != 1:
