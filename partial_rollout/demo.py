@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path, base)
     print(f"tiny model: {build_tiny_model(TinyModelSpec(arch='llama'))}")
     steps = config.grpo.max_num_steps
-    plan = KillPlan.draw(random.Random(args.seed), save_period=config.checkpointing.save_period,
-                         max_num_steps=steps, max_delay_s=3.0)
-    print(f"kill plan: SIGKILL {plan.delay_s:.2f} s after the save at step {plan.after_save_step}, then resume")
+    plan = KillPlan.draw(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
+    print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.after_save_step}, then resume")
     results: dict[str, Any] = {}
     for name, enabled in RUNS:
         run_dir = out / f"partial_rollouts_{name}"

@@ -2,8 +2,10 @@
 
 This is how the demo and the tests prove the mission: a real process killed without warning (no
 handler runs, no file is closed), then ``--resume`` from the latest complete checkpoint to the end.
-The kill moment is drawn after the child's ``save`` event for a chosen step appears in
-``events.jsonl``, so there is always a checkpoint to resume from and work in flight after it.
+The kill moment is drawn as a number of further events after the child's ``save`` event for a
+chosen step appears in ``events.jsonl``: there is always a checkpoint to resume from, and the
+moment is measured in the child's progress rather than in seconds, so a busy machine cannot let the
+run finish before the kill.
 """
 
 from __future__ import annotations
@@ -32,21 +34,21 @@ class Attempt:
     killed: bool
     wall_s: float
     kill_after_save_step: int | None = None
-    kill_delay_s: float | None = None
+    kill_after_events: int | None = None
 
 
 @dataclass(kw_only=True)
 class KillPlan:
-    """When to kill: ``delay_s`` after the ``save`` event of step ``after_save_step``."""
+    """When to kill: once ``after_events`` more events follow the ``save`` event of step ``after_save_step``."""
 
     after_save_step: int
-    delay_s: float
+    after_events: int
 
     @classmethod
-    def draw(cls, rng: random.Random, *, save_period: int, max_num_steps: int, max_delay_s: float) -> KillPlan:
-        """A random save (not the last one, so there is work left to lose) and a random delay after it."""
-        saves = list(range(save_period, max_num_steps, save_period)) or [save_period]
-        return cls(after_save_step=rng.choice(saves), delay_s=rng.uniform(0.0, max_delay_s))
+    def draw(cls, rng: random.Random, *, save_period: int, max_num_steps: int, max_events: int = 40) -> KillPlan:
+        """A random save that leaves at least two save periods of training, and a random number of events after it."""
+        saves = list(range(save_period, max_num_steps - save_period, save_period)) or [save_period]
+        return cls(after_save_step=rng.choice(saves), after_events=rng.randint(0, max_events))
 
 
 @dataclass(kw_only=True)
@@ -70,7 +72,7 @@ def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | N
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "ab") as out:
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        kill_at: float | None = None
+        after_save: int | None = None
         seen = 0
         killed = False
         while child.poll() is None:
@@ -80,18 +82,21 @@ def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | N
             for event in new:
                 if event.get("pid") != child.pid:
                     continue
+                if after_save is not None:
+                    after_save += 1
                 if on_step and event["event"] == "log" and event.get("kind") == "train_step":
                     on_step(event["step"])
-                if plan and kill_at is None and event["event"] == "save" and event["step"] == plan.after_save_step:
-                    kill_at = time.perf_counter() + plan.delay_s
-            if kill_at is not None and time.perf_counter() >= kill_at:
+                if plan and after_save is None and event["event"] == "save" and event["step"] == plan.after_save_step:
+                    after_save = 0
+            if plan and after_save is not None and after_save >= plan.after_events:
                 child.send_signal(signal.SIGKILL)
                 child.wait()
                 killed = True
                 break
     return Attempt(resume="--resume" in command, returncode=child.returncode, killed=killed,
                    wall_s=time.perf_counter() - started,
-                   kill_after_save_step=plan.after_save_step if plan else None, kill_delay_s=plan.delay_s if plan else None)
+                   kill_after_save_step=plan.after_save_step if plan else None,
+                   kill_after_events=plan.after_events if plan else None)
 
 
 def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *, log_dir: Path, plan: KillPlan | None,
