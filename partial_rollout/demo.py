@@ -3,7 +3,7 @@
 For each setting of ``checkpointing.partial_rollouts.enabled`` the reference async GRPO trainer
 (``integrations/reference_grpo``, config ``configs/demo.yaml``) trains the tiny model in a child
 process, is killed with SIGKILL at a random moment after a save, and is resumed from its latest
-checkpoint to the end. Both runs use the same seed and the same kill plan. Then the demo audits
+checkpoint to the end. Both runs use the same seed and the same kill plan, and run side by side. Then the demo audits
 each run from its ``events.jsonl`` alone and prints them side by side: prompts yielded, trained,
 evicted on purpose, lost, duplicated; what was in flight at the save; tokens continued versus
 regenerated; the reward curve.
@@ -20,6 +20,7 @@ import json
 import random
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +57,35 @@ def run(args: argparse.Namespace) -> int:
     steps = config.grpo.max_num_steps
     plan = KillPlan.draw(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
     print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.after_save_step}, then resume")
-    results: dict[str, Any] = {}
-    for name, enabled in RUNS:
+    bars = {name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
+            for i, (name, _) in enumerate(RUNS)}
+
+    def train_killed_resumed(name: str, enabled: bool) -> dict[str, Any]:
         run_dir = out / f"partial_rollouts_{name}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
         overrides = [*base, f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}", f"logger.log_dir={run_dir}",
                      f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}"]
-        with tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step") as bar:
-            def on_step(step: int, bar: Any = bar) -> None:
-                bar.n = step
-                bar.refresh()
-            attempts = kill_and_resume(config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step)
+        bar = bars[name]
+
+        def on_step(step: int) -> None:
+            bar.n = step  # a resume starts again from its checkpoint's step
+            bar.refresh()
+
+        attempts = kill_and_resume(config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step)
         report = audit(run_dir / EVENTS_FILENAME).to_json()
         report["wall_s"] = round(attempts.wall_s, 1)
         report["processes"] = [{"resume": a.resume, "killed": a.killed, "wall_s": round(a.wall_s, 1)} for a in attempts.attempts]
         (run_dir / "audit.json").write_text(json.dumps(report, indent=2))
         _plot(report, run_dir / "reward.png", title=f"partial rollouts {name}")
-        results[name] = report
+        return report
+
+    # The two runs go side by side: each trainer spends much of its time starting vLLM or waiting on a long sample.
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        futures = {name: pool.submit(train_killed_resumed, name, enabled) for name, enabled in RUNS}
+        results = {name: f.result() for name, f in futures.items()}
+    for bar in bars.values():
+        bar.close()
     (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plan": vars(plan), **results}, indent=2))
     print(format_table(results))
     print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")

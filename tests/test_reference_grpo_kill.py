@@ -16,6 +16,7 @@ import pytest
 from integrations.reference_grpo import CONFIG_DIR, load_config
 from integrations.reference_grpo.kill_resume import KillPlan, KillResumeRun, kill_and_resume
 from partial_rollout.ledger import EVENTS_FILENAME, AuditReport, audit, effective_timeline, read_events
+from partial_rollout.snapshot import load_snapshot
 
 pytestmark = pytest.mark.engine
 
@@ -53,6 +54,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
         return dict(zip(SCENARIOS, pool.map(one, SCENARIOS)))
 
 
+def _save_event(folder: Path, save_id: str) -> dict:
+    return next(e for e in read_events(folder / EVENTS_FILENAME) if e["event"] == "save" and e["save_id"] == save_id)
+
+
 def trained_groups(folder: Path) -> dict[int, list[str]]:
     """Step -> prompt groups it trained on, on the effective timeline (rolled-back work excluded)."""
     timeline, _ = effective_timeline(list(read_events(folder / EVENTS_FILENAME)))
@@ -65,7 +70,7 @@ def trained_groups(folder: Path) -> dict[int, list[str]]:
 
 @pytest.mark.parametrize("name", ["on_1", "on_2", "serial_killed"])
 def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(runs, name: str) -> None:  # noqa: ANN001
-    _, run, report = runs[name]
+    folder, run, report = runs[name]
     plan = SCENARIOS[name][1]
     assert [a.killed for a in run.attempts] == [True, False]
     assert report.complete and report.lost == 0 and report.duplicated == 0, report.lost_ids + report.duplicated_ids
@@ -76,6 +81,12 @@ def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(ru
     # Saved prefixes are continued, never counted twice.
     assert report.tokens_continued <= resume["prefix_tokens_at_save"]
     assert report.yielded == report.trained + report.evicted + report.outstanding_at_end
+    # The checkpoint resumed from holds what its save event says, with per-token policy versions.
+    snapshot = load_snapshot(folder / "checkpoints" / f"step_{resume['step']}")
+    counts = snapshot.counts()
+    assert counts["tokens_in_flight"] == resume["prefix_tokens_at_save"]
+    assert [g.group_id for g in snapshot.groups] == _save_event(folder, resume["save_id"])["saved"]
+    assert all(s.versions.max() <= snapshot.policy_version for _, s in snapshot.iter_samples() if s.num_tokens)
 
 
 def test_partial_rollouts_off_lose_what_the_seed_predicts(runs) -> None:  # noqa: ANN001

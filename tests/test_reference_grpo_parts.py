@@ -44,6 +44,10 @@ def test_task_reward_and_long_tailed_budgets() -> None:
     assert np.median(budgets) < 48 and (budgets > 8 * cfg.min_tokens).mean() > 0.05  # short mostly, a long tail
     item = {"bucket": 2}
     assert task.reward(item, np.array([2, 6, 3, 10, 1]), num_buckets=4, reward_tokens=4) == 0.75
+    specs = task.sampling_specs(items[7], "e0:7", n=8, temperature=1.0, seed=0, min_tokens=cfg.min_tokens)
+    assert specs == task.sampling_specs(items[7], "e0:7", n=8, temperature=1.0, seed=0, min_tokens=cfg.min_tokens)
+    assert len({s.seed for s in specs}) == 8 and all(s.ignore_eos for s in specs)
+    assert all(max(cfg.min_tokens, items[7]["max_tokens"] // 2) <= s.max_tokens <= items[7]["max_tokens"] for s in specs)
 
 
 @pytest.fixture(scope="module")

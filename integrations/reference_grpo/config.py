@@ -116,9 +116,11 @@ class GenerationConfig:
     kv_cache_memory_bytes: int = 128 * 2**20
     multiprocessing: bool = False
     """Run vLLM's engine core in its own process (vLLM's default) or in the trainer's (faster start on CPU)."""
+    num_engines: int = 1
+    """vLLM engines: 1 runs in the trainer's process; more run as Ray actors (a local Ray cluster is started)."""
 
     def __post_init__(self) -> None:
-        _positive(self, "generation", "max_model_len", "max_num_seqs", "kv_cache_memory_bytes")
+        _positive(self, "generation", "max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "num_engines")
         if self.temperature < 0:
             raise ConfigError(f"must be >= 0, got {self.temperature}", field="generation.temperature")
 

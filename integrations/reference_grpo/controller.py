@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 import shutil
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,7 +60,7 @@ class RolloutEngine(Protocol):
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None: ...
 
-    def fingerprints(self) -> Fingerprints: ...
+    def fingerprints(self) -> Fingerprints | Awaitable[Fingerprints]: ...
 
 
 @runtime_checkable
@@ -189,7 +191,8 @@ class GRPOLoop:
         group_id = f"e{self.epoch}:{item['index']}"
         cfg = self.config
         specs = task.sampling_specs(item, group_id, n=cfg.grpo.num_generations_per_prompt,
-                                    temperature=cfg.generation.temperature, seed=cfg.grpo.seed)
+                                    temperature=cfg.generation.temperature, seed=cfg.grpo.seed,
+                                    min_tokens=cfg.data.min_tokens)
         self.ledger.yield_group(group_id, item["prompt_token_ids"], specs, data=item)
         return group_id
 
@@ -324,8 +327,8 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     Returns:
         A summary: final step, reward per step, ledger counters.
     """
-    from partial_rollout.engine.adapter import ResumableEngine
     from partial_rollout.engine.factory import EngineConfig
+    from partial_rollout.engine.pool import EnginePool
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 
     if engine is not None and config.checkpointing.partial_rollouts.enabled and not isinstance(engine, CapturingEngine):
@@ -349,14 +352,21 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     own_engine = engine is None
     if engine is None:
         gen = config.generation
-        engine = await ResumableEngine.start(
-            EngineConfig(model=str(model_dir), max_model_len=gen.max_model_len, max_num_seqs=gen.max_num_seqs,
-                         kv_cache_memory_bytes=gen.kv_cache_memory_bytes, multiprocessing=gen.multiprocessing,
-                         seed=config.grpo.seed),
-            policy_version=step,
-        )
+        engine_config = EngineConfig(
+            model=str(model_dir), max_model_len=gen.max_model_len, max_num_seqs=gen.max_num_seqs,
+            kv_cache_memory_bytes=gen.kv_cache_memory_bytes, multiprocessing=gen.multiprocessing, seed=config.grpo.seed)
+        if gen.num_engines == 1:
+            engine = await EnginePool.local(engine_config, policy_version=step)
+        else:
+            import ray
+
+            ray.init(ignore_reinit_error=True, include_dashboard=False)
+            engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
     try:
-        loop = GRPOLoop(config, engine=engine, policy=policy, ledger=ledger, fingerprints=engine.fingerprints(),
+        fingerprints = engine.fingerprints()
+        if inspect.isawaitable(fingerprints):
+            fingerprints = await fingerprints
+        loop = GRPOLoop(config, engine=engine, policy=policy, ledger=ledger, fingerprints=fingerprints,
                         step=step, progress=progress)
         if restore_from is not None:
             await loop.sync_weights()

@@ -8,7 +8,9 @@ steps of the tiny Llama on CPU.
 
 Each prompt also draws its completion budget from a Pareto tail (``ignore_eos``, so every sample
 runs to its budget): most groups are short, a few are ten times longer. Those long groups are the
-ones in flight when a checkpoint fires, which is the bias the partial-rollout flag removes.
+ones in flight when a checkpoint fires, which is the bias the partial-rollout flag removes. Each
+sample then gets between half and all of its prompt's budget, so the samples of a group finish at
+different times and a save also catches partly finished groups.
 """
 
 from __future__ import annotations
@@ -61,16 +63,15 @@ def reward(item: dict[str, Any], token_ids: np.ndarray, *, num_buckets: int, rew
     return float(np.mean(head % num_buckets == item["bucket"])) if len(head) else 0.0
 
 
-def sampling_specs(item: dict[str, Any], group_id: str, *, n: int, temperature: float, seed: int) -> list[SamplingSpec]:
-    """One seeded spec per sample: the seed derives from the run seed, the group id and the index,
-    so a regenerated or resumed sample draws from the same stream as the original would have."""
-    return [
-        SamplingSpec(max_tokens=item["max_tokens"], temperature=temperature, ignore_eos=True,
-                     seed=_seed(seed, group_id, i))
-        for i in range(n)
-    ]
-
-
-def _seed(seed: int, group_id: str, index: int) -> int:
-    digest = hashlib.sha256(f"{seed}/{group_id}/{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+def sampling_specs(
+    item: dict[str, Any], group_id: str, *, n: int, temperature: float, seed: int, min_tokens: int
+) -> list[SamplingSpec]:
+    """One seeded spec per sample. The seed and the budget derive from the run seed, the group id
+    and the index, so a regenerated or resumed sample draws from the same stream as the original."""
+    specs = []
+    for i in range(n):
+        digest = hashlib.sha256(f"{seed}/{group_id}/{i}".encode()).digest()
+        share = 0.5 + 0.5 * digest[4] / 255
+        specs.append(SamplingSpec(max_tokens=max(min_tokens, round(item["max_tokens"] * share)), temperature=temperature,
+                                  ignore_eos=True, seed=int.from_bytes(digest[:4], "little") & 0x7FFFFFFF))
+    return specs
