@@ -1,11 +1,18 @@
 """Exact resume on the real CPU engine: a cut, a new engine process, a continuation equal to the original.
 
-For each tiny architecture, engine A generates a workload uninterrupted while two real cuts are
-taken (keep-mode pause, then generation continues in place). Engine B, a new engine process,
-resumes (1) every sample of those real cuts and (2) samples cut by construction at chosen points
-(K=0, K=1, K=max_tokens-1, a prefix crossing a 128-token KV block, a 1,500-token context). Every
-stitched completion must equal A's, token for token and logprob for logprob, except the samples
-the adapter itself declared inexact.
+vLLM's CPU kernels are not batch-invariant: the logprobs of one request can move in the last bits
+with the batch it shares a step with (measured: up to ~0.04 in bf16), in an uninterrupted run as
+much as in a resumed one. So the guarantee is tested twice:
+
+* **same schedule, bit for bit**: reference samples generated one at a time in engine A; cuts at
+  chosen points (K=0, K=1, K=max_tokens-1, a prefix crossing a 128-token KV block, a 1,550-token
+  context) resumed one at a time in engine B, a new engine process. Tokens, logprobs and versions
+  must be identical.
+* **real cuts under load**: A runs the workload concurrently while two real cuts are taken
+  (keep-mode pause, generation continues in place); B resumes everything concurrently, and cuts
+  again while resumed requests are still queued. Tokens must be identical; logprobs within the
+  engine's own batch variance. Samples the adapter declared inexact are exempt, and the
+  declarations are checked to be true.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ pytestmark = pytest.mark.engine
 
 M = 160  # max_tokens of the ordinary samples
 BLOCK = 128  # vLLM CPU KV block size
+BATCH_VARIANCE = 0.1  # bound on |logprob difference| from batch composition alone (measured <= 0.04)
 
 
 def _workload() -> dict[str, tuple[list[int], SamplingSpec]]:
@@ -45,7 +53,7 @@ def _workload() -> dict[str, tuple[list[int], SamplingSpec]]:
     work["seeded-long"] = (long_prompt, SamplingSpec(max_tokens=200, temperature=1.0, seed=99, ignore_eos=True))
     work["penalty"] = ([rng.randrange(4, 500) for _ in range(20)],
                        SamplingSpec(max_tokens=M, temperature=0.0, presence_penalty=1.5, ignore_eos=True))
-    work["unseeded"] = ([rng.randrange(4, 500) for _ in range(20)], SamplingSpec(max_tokens=M, temperature=1.0))
+    work["unseeded"] = ([rng.randrange(4, 500) for _ in range(20)], SamplingSpec(max_tokens=M, temperature=1.0, ignore_eos=True))
     return work
 
 
@@ -60,7 +68,7 @@ def _fast_forward_state(seed: int, draws: int) -> bytes:
     return g.get_state().numpy().tobytes()
 
 
-def _constructed_cut(ref: SampleRecord, k: int, prompt_len: int) -> SampleRecord:
+def _constructed_cut(ref: SampleRecord, k: int) -> SampleRecord:
     s = ref.sampling
     return SampleRecord(
         index=0, state=SampleState.IN_FLIGHT if k else SampleState.NOT_STARTED, sampling=s,
@@ -69,15 +77,24 @@ def _constructed_cut(ref: SampleRecord, k: int, prompt_len: int) -> SampleRecord
     )
 
 
+def _cut_points(rid: str, prompt: list[int], spec: SamplingSpec) -> list[int]:
+    ks = {0, 1, spec.max_tokens - 1, BLOCK - len(prompt) + 3 if len(prompt) < BLOCK else 7}
+    if rid == "seeded-long":
+        ks.add(150)  # a 1,550-token context re-prefilled at once
+    return sorted(ks)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path, tiny_qwen2: Path) -> None:
     model = tiny_llama if arch == "llama" else tiny_qwen2
     config = EngineConfig(model=str(model), max_model_len=2048, multiprocessing=False)
     work = _workload()
+    exact_kinds = [rid for rid in work if rid not in ("penalty", "unseeded")]
 
     async def reference():
         engine = await ResumableEngine.start(config)
         try:
+            alone = {rid: await engine.generate(f"alone-{rid}", *work[rid]) for rid in exact_kinds + ["penalty"]}
             tasks = {}
             for rid, (prompt, spec) in work.items():  # staggered starts: cuts land at many K
                 tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec))
@@ -88,14 +105,14 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
                 cut = await engine.pause_and_capture()
                 await engine.resume()
                 cuts.append(cut)
-            return {rid: await t for rid, t in tasks.items()}, cuts
+            return alone, {rid: await t for rid, t in tasks.items()}, cuts
         finally:
             await engine.shutdown()
 
-    ref, cuts = loop_thread.run(reference())
+    alone, ref, cuts = loop_thread.run(reference())
     assert all(r.num_tokens == r.sampling.max_tokens for r in ref.values())
 
-    # (1) real cuts agree with what the engine generated, and with the sampler's own stream
+    # real cuts agree with what the engine generated, and with the sampler's own stream
     real_ks = []
     for cut in cuts:
         assert cut.pause_s < 1.0
@@ -109,63 +126,68 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
                 assert rec.sampler_state == _fast_forward_state(spec.seed, k), rid
     assert any(0 < k < M for k in real_ks), real_ks
 
-    # (2) cut points by construction
-    jobs: list[tuple[str, str, SampleRecord]] = []
-    for i, cut in enumerate(cuts):
-        jobs += [(f"real{i}-{rid}", rid, rec) for rid, rec in cut.samples.items() if rec.state is not SampleState.FINISHED]
-    for rid, (prompt, spec) in work.items():
-        ks = {0, 1, spec.max_tokens - 1, BLOCK - len(prompt) + 3 if len(prompt) < BLOCK else 7}
-        if rid == "seeded-long":
-            ks.add(150)  # a 1,550-token context re-prefilled at once
-        jobs += [(f"k{k}-{rid}", rid, _constructed_cut(ref[rid], k, len(prompt))) for k in sorted(ks)]
+    same_schedule = [(f"k{k}-{rid}", rid, _constructed_cut(alone[rid], k))
+                     for rid in exact_kinds for k in _cut_points(rid, *work[rid])]
+    concurrent = [(f"real{i}-{rid}", rid, rec) for i, cut in enumerate(cuts) for rid, rec in cut.samples.items()
+                  if rec.state is not SampleState.FINISHED]
 
     async def resume():
         engine = await ResumableEngine.start(config)
         try:
-            outs = await asyncio.gather(*[engine.generate(job, work[rid][0], work[rid][1], resume_from=rec)
-                                          for job, rid, rec in jobs])
+            one_by_one = [await engine.generate(job, *work[rid], resume_from=rec) for job, rid, rec in same_schedule]
+            penalised = await engine.generate("penalised", *work["penalty"],
+                                              resume_from=_constructed_cut(alone["penalty"], 80))
+            tasks = [asyncio.ensure_future(engine.generate(job, *work[rid], resume_from=rec))
+                     for job, rid, rec in concurrent]
+            await asyncio.sleep(0)
+            recut = await engine.pause_and_capture()  # a cut of resumed requests, most not yet scheduled
+            await engine.resume()
+            together = await asyncio.gather(*tasks)
             # a cut that raced the end: EOS, or a stop string, already inside the prefix
             eos_spec = SamplingSpec(max_tokens=50, temperature=0.0)
             eos_cut = SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=eos_spec, token_ids=[7, 8, 1, 9],
                                    logprobs=[-1.0] * 4, versions=[0] * 4)
-            stop_text = engine._decode([40, 41, 42])
-            stop_spec = SamplingSpec(max_tokens=50, temperature=0.0, stop=(stop_text[-2:],))
+            stop_spec = SamplingSpec(max_tokens=50, temperature=0.0, stop=(engine._decode([40, 41, 42])[-2:],))
             stop_cut = SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=stop_spec,
                                     token_ids=[40, 41, 42], logprobs=[-1.0] * 3, versions=[0] * 3)
             ends = (await engine.generate("eos", [5, 6], eos_spec, resume_from=eos_cut),
                     await engine.generate("stop", [5, 6], stop_spec, resume_from=stop_cut))
-            return outs, ends
+            return one_by_one, penalised, together, recut, ends
         finally:
             await engine.shutdown()
 
-    resumed, (eos_end, stop_end) = loop_thread.run(resume())
-    assert (eos_end.state, eos_end.finish_reason, eos_end.token_ids.tolist()) == (SampleState.FINISHED, "stop", [7, 8, 1])
-    assert (stop_end.finish_reason, stop_end.num_tokens) == ("stop", 3)
-    exact, declared = 0, 0
-    for (job, rid, rec), out in zip(jobs, resumed):
+    one_by_one, penalised, together, recut, (eos_end, stop_end) = loop_thread.run(resume())
+
+    # same schedule: bit for bit
+    for (job, rid, rec), out in zip(same_schedule, one_by_one):
+        assert out.inexact is None, (job, out.inexact)
+        np.testing.assert_array_equal(out.token_ids, alone[rid].token_ids, err_msg=job)
+        np.testing.assert_array_equal(out.logprobs, alone[rid].logprobs, err_msg=job)
+        np.testing.assert_array_equal(out.versions, alone[rid].versions, err_msg=job)
+
+    # under load: tokens exact, logprobs within batch variance, inexact declarations true
+    checked = 0
+    for (job, rid, rec), out in zip(concurrent, together):
         assert out.state is SampleState.FINISHED and out.num_tokens == ref[rid].num_tokens, job
-        reason = out.inexact or exactness.inexact_reason(
-            rec.sampling, num_tokens=rec.num_tokens, sampler_state=rec.sampler_state, capture_unsupported=None)
-        if reason:
-            declared += 1
+        if out.inexact:
             continue
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=job)
-        if rid == "seeded-long":
-            # CPU attention over a ~1.5k-token context reduces in a batch-dependent order: the
-            # uninterrupted run itself gives logprobs that differ by up to ~0.04 between decoding
-            # this request alone and decoding it among others (measured), while a resume decoded
-            # alone equals an uninterrupted run decoded alone bit for bit. So: tokens exact,
-            # logprobs within the schedule's own variance.
-            np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, atol=0.1, err_msg=job)
-        else:
-            np.testing.assert_array_equal(out.logprobs, ref[rid].logprobs, err_msg=job)
-        np.testing.assert_array_equal(out.versions, ref[rid].versions, err_msg=job)
-        exact += 1
-    assert exact >= 40, (exact, declared)
+        np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, atol=BATCH_VARIANCE, rtol=0, err_msg=job)
+        checked += 1
+    assert checked >= 10
+    declared = {rid: rec.inexact for (job, rid, rec) in concurrent if rec.num_tokens}
+    assert declared.get("penalty") == exactness.PENALTIES
+    assert declared.get("unseeded") == exactness.UNSEEDED
+    # the declaration is true: with the first 80 tokens now prompt, the penalty no longer sees them
+    assert not np.array_equal(penalised.token_ids, alone["penalty"].token_ids)
 
-    # the exactness report is truthful: penalised and unseeded samples are declared, and do diverge
-    penalty = [(rec, out) for (job, rid, rec), out in zip(jobs, resumed) if rid == "penalty" and rec.num_tokens > 1]
-    assert penalty and all(rec.inexact == exactness.PENALTIES for rec, _ in penalty if rec.state is SampleState.IN_FLIGHT and rec.inexact)
-    assert any(not np.array_equal(out.token_ids, ref["penalty"].token_ids) for _, out in penalty)
-    unseeded_cut = [rec for cut in cuts for rid, rec in cut.samples.items() if rid == "unseeded"]
-    assert unseeded_cut and all(rec.inexact == exactness.UNSEEDED for rec in unseeded_cut)
+    # a resumed request cut again keeps its prefix and, until it runs, its saved sampler state
+    for job, rid, rec in concurrent:
+        again = recut.samples.get(job)
+        if again is not None and again.state is not SampleState.FINISHED and rec.num_tokens:
+            np.testing.assert_array_equal(again.token_ids[: rec.num_tokens], rec.token_ids, err_msg=job)
+            if again.num_tokens == rec.num_tokens:
+                assert again.sampler_state == rec.sampler_state, job
+
+    assert (eos_end.state, eos_end.finish_reason, eos_end.token_ids.tolist()) == (SampleState.FINISHED, "stop", [7, 8, 1])
+    assert (stop_end.finish_reason, stop_end.num_tokens) == ("stop", 3)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -148,7 +149,7 @@ class ResumableEngine:
         try:
             import vllm
 
-            reports = await llm.collective_rpc("partial_rollout_install")
+            reports = await llm.collective_rpc("partial_rollout_install", kwargs={"frontend_pid": os.getpid()})
             support = check_support(vllm.__version__, reports, llm)
             if not support.sampler_state:
                 if require_exact:
@@ -221,7 +222,8 @@ class ResumableEngine:
                     finish_reason=reason, stop_reason=stop, sampler_state=None,
                 )
             if base.num_tokens == 0:
-                base = None
+                record = await self.generate(request_id, prompt_token_ids, sampling)
+                return dataclasses.replace(record, inexact=base.inexact) if base.inexact else record
         from vllm.inputs import TokensPrompt
 
         consumed = 0 if base is None else base.num_tokens
@@ -344,8 +346,12 @@ class ResumableEngine:
         assert len(live.token_ids) == count, f"client has {len(live.token_ids)} tokens, engine {count}"
         consumed = count + (0 if live.base is None else live.base.num_tokens)
         if consumed == 0:
-            return SampleRecord(index=0, state=SampleState.NOT_STARTED, sampling=live.sampling)
+            reason = exactness.inexact_reason(live.sampling, num_tokens=0, sampler_state=None,
+                                              capture_unsupported=self.support.reason)
+            return SampleRecord(index=0, state=SampleState.NOT_STARTED, sampling=live.sampling, inexact=reason)
         versions = self._versions_from_starts(version_starts, count)
+        if count == 0 and live.base is not None:
+            sampler_state = live.base.sampler_state  # resumed but not yet scheduled: nothing drawn since
         if live.sampling.is_greedy or live.sampling.seed is None or not self.support.sampler_state:
             sampler_state = None
         record = self._record(live, SampleState.IN_FLIGHT, count, versions, sampler_state=sampler_state)

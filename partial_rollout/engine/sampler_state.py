@@ -26,9 +26,18 @@ SAMPLER_STATE_ARG = "partial_rollout_sampler_state"
 class SamplerStateExtension:
     """Mixed into vLLM's worker; ``self`` is the worker (it has ``model_runner``)."""
 
-    def partial_rollout_install(self) -> dict[str, Any]:
-        """Install the restore hook once; report whether capture and restore can work here."""
+    def partial_rollout_install(self, frontend_pid: int | None = None) -> dict[str, Any]:
+        """Install the restore hook once; report whether capture and restore can work here.
+
+        With ``frontend_pid``, also make the engine core exit when that process dies
+        (:mod:`partial_rollout.engine.orphan_guard`).
+        """
         import torch
+
+        if frontend_pid is not None:
+            from partial_rollout.engine import orphan_guard
+
+            orphan_guard.start(frontend_pid)
 
         runner = getattr(self, "model_runner", None)
         missing = [
