@@ -12,7 +12,7 @@ import pytest
 from integrations.reference_grpo import CONFIG_DIR, GRPOLoop, load_config
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import EventLog, WorkLedger, audit, read_events, request_id
-from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec
+from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
 
 FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_version="0.32.0")
 SPEC = SamplingSpec(max_tokens=16, seed=3)

@@ -136,7 +136,7 @@ class DataConfig:
     """How many leading generated tokens the reward scores."""
     min_tokens: int = 16
     """Shortest completion budget; budgets follow a Pareto tail from here."""
-    max_tokens: int = 384
+    max_tokens: int = 256
     """Longest completion budget (the tail is cut here)."""
     length_tail_alpha: float = 1.0
     """Pareto shape of the budgets: smaller means a longer tail."""
@@ -166,7 +166,7 @@ class PartialRolloutsConfig:
 @dataclass(kw_only=True, slots=True)
 class CheckpointingConfig:
     enabled: bool = True
-    checkpoint_dir: str = "results/reference_grpo/checkpoints"
+    checkpoint_dir: str = "runs/reference_grpo/checkpoints"
     save_period: int = 4
     """Save every this many training steps (and at the last step)."""
     partial_rollouts: PartialRolloutsConfig = field(default_factory=PartialRolloutsConfig)
@@ -178,7 +178,7 @@ class CheckpointingConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LoggerConfig:
-    log_dir: str = "results/reference_grpo/logs"
+    log_dir: str = "runs/reference_grpo/logs"
     """Holds ``events.jsonl`` (the work ledger's raw log) and the engine's weight exports."""
 
 
