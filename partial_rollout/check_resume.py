@@ -8,7 +8,7 @@ Runs one workload three times, each in its own process with its own engine:
 3. *resume*: a fresh engine loads the snapshot and continues every sample from its prefix.
 
 It then compares each stitched completion with the reference, token by token and logprob by
-logprob, and prints how many matched, the first divergence of any that did not, and the pause time.
+logprob (within ``--logprob-atol``, the engine's own batch-composition numerics), and prints how many matched, the first divergence of any that did not, and the pause time.
 Exit status 0 only when every sample not declared inexact matched.
 
 Usage::
@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_workload_args(p)
     p.add_argument("--keep", default=None, help="keep the work folder (snapshot, results) here")
+    p.add_argument("--logprob-atol", type=float, default=0.1,
+                   help="largest |logprob difference| still counted as a match (default 0.1). vLLM kernels are "
+                        "not batch-invariant: a request's logprobs move in the last bits with the batch it shares "
+                        "a step with, in uninterrupted runs too. 0 demands bit-identity")
     p.set_defaults(func=run)
 
 
@@ -96,19 +100,21 @@ async def _role(args: argparse.Namespace) -> None:
         records = await asyncio.gather(*[engine.generate(r, p, s) for r, (p, s) in work.items()])
         results = {r: rec for r, rec in zip(work, records)}
     elif args.role == "cut":
-        tasks = []
+        tasks = {}
         for rid, (prompt, spec) in work.items():
-            tasks.append(asyncio.ensure_future(engine.generate(rid, prompt, spec)))
+            tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec))
             await asyncio.sleep(0.002)
         # cut once a random share (10-60 %) of the whole budget has been generated
         target = random.Random(args.seed + 1).uniform(0.1, 0.6) * sum(s.max_tokens for _, s in work.values())
-        while engine.tokens_received < target and not all(t.done() for t in tasks):
+        while engine.tokens_received < target and not all(t.done() for t in tasks.values()):
             await asyncio.sleep(0.001)
         cut = await engine.pause_and_capture()
+        # everything of the workload: in flight or queued at the cut, or finished before it
+        samples = {rid: t.result() for rid, t in tasks.items() if t.done()} | cut.samples
         groups = [
             GroupRecord(group_id=rid, prompt_token_ids=work[rid][0], state=GroupState.IN_FLIGHT, dispatch_version=0,
-                        samples=[rec])
-            for rid, rec in cut.samples.items()
+                        samples=[samples[rid]])
+            for rid in work
         ]
         snapshot = Snapshot(trainer_step=0, policy_version=engine.policy_version,
                             fingerprints=engine.fingerprints(), groups=groups,
@@ -181,29 +187,34 @@ def run(args: argparse.Namespace) -> int:
     res = json.loads((workdir / f"resume-{_RESULT}").read_text())
     cut = res.pop("__cut__")
     pause_s = res.pop("__pause_s__")
-    matched, declared, diverged = 0, 0, []
+    bitwise, within, declared, diverged = 0, 0, 0, []
+    worst = 0.0
     for rid, want in ref.items():
         got = res[rid]
         if got["inexact"]:
             declared += 1
             continue
-        if got["tokens"] == want["tokens"] and got["logprobs"] == want["logprobs"]:
-            matched += 1
+        a, b = np.asarray(got["tokens"]), np.asarray(want["tokens"])
+        n = min(len(a), len(b))
+        if len(a) != len(b) or (a != b).any():
+            pos = int(np.flatnonzero(a[:n] != b[:n])[0]) if (a[:n] != b[:n]).any() else n
+            diverged.append((rid, cut[rid][1], pos, "token"))
             continue
-        t = np.asarray(got["tokens"]), np.asarray(want["tokens"])
-        n = min(len(t[0]), len(t[1]))
-        pos = int(np.flatnonzero(t[0][:n] != t[1][:n])[0]) if (t[0][:n] != t[1][:n]).any() else n
-        kind = "token" if pos < max(len(t[0]), len(t[1])) else "logprob"
-        if kind == "logprob":
-            lp = np.asarray(got["logprobs"]) - np.asarray(want["logprobs"])
-            pos = int(np.flatnonzero(lp)[0])
-        diverged.append((rid, cut[rid][1], pos, kind))
+        diff = np.abs(np.asarray(got["logprobs"]) - np.asarray(want["logprobs"]))
+        worst = max(worst, float(diff.max(initial=0.0)))
+        if not diff.any():
+            bitwise += 1
+        elif diff.max() <= args.logprob_atol:
+            within += 1
+        else:
+            diverged.append((rid, cut[rid][1], int(np.flatnonzero(diff > args.logprob_atol)[0]), "logprob"))
     in_flight = sum(1 for state, k, _ in cut.values() if state == "in_flight")
     prefix = sum(k for _, k, _ in cut.values())
     print(f"cut: {in_flight} of {len(cut)} samples in flight, {prefix} prefix tokens; engine paused "
           f"{pause_s * 1000:.1f} ms; total {time.perf_counter() - started:.0f} s")
-    print(f"exact: {matched}/{len(ref) - declared} matched token- and logprob-identically; "
-          f"{declared} declared inexact; {len(diverged)} diverged")
+    print(f"exact: {bitwise + within}/{len(ref) - declared} matched token for token ({bitwise} also bit-identical "
+          f"in every logprob, {within} within {args.logprob_atol} - the engine's batch-composition numerics; "
+          f"max |logprob diff| {worst:.3g}); {declared} declared inexact; {len(diverged)} diverged")
     for rid, k, pos, kind in diverged[:5]:
         print(f"  {rid}: cut at {k} tokens, first {kind} divergence at position {pos}")
     print(f"work folder: {workdir}")

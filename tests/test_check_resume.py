@@ -20,7 +20,7 @@ def test_check_resume_reports_exact_matches(tmp_path: Path, tiny_qwen2: Path) ->
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    m = re.search(r"exact: (\d+)/(\d+) matched .*; (\d+) declared inexact; (\d+) diverged", proc.stdout)
+    m = re.search(r"exact: (\d+)/(\d+) matched token for token .*; (\d+) declared inexact; (\d+) diverged", proc.stdout)
     assert m, proc.stdout
     matched, total, declared, diverged = map(int, m.groups())
     assert matched == total and total + declared == 9 and diverged == 0
