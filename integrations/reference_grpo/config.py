@@ -115,7 +115,8 @@ class GenerationConfig:
     max_num_seqs: int = 64
     kv_cache_memory_bytes: int = 128 * 2**20
     multiprocessing: bool = False
-    """Run vLLM's engine core in its own process (vLLM's default) or in the trainer's (faster start on CPU)."""
+    """vLLM's ``VLLM_ENABLE_V1_MULTIPROCESSING``: off runs the model worker inside the engine-core process
+    instead of one more process (cheaper on CPU). The engine core itself always has its own process."""
     num_engines: int = 1
     """vLLM engines: 1 runs in the trainer's process; more run as Ray actors (a local Ray cluster is started)."""
 
