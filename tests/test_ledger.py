@@ -195,3 +195,42 @@ def test_audit_counts_real_duplicates_and_rejects_unknown_saves(tmp_path: Path) 
     ledger.events.append("resume", save_id="step9-nowhere")
     with pytest.raises(AuditError, match="does not hold"):
         audit(path)
+
+
+def test_audit_across_repeated_kills_and_a_save_that_never_committed(tmp_path: Path) -> None:
+    """p1 saves S1 and dies; p2 resumes S1, logs a save S2 but dies before its checkpoint is committed;
+    p3 resumes S1 again (the latest complete checkpoint) and finishes. Only p1-to-S1 plus p3 count."""
+    path = tmp_path / "events.jsonl"
+    s1 = tmp_path / "s1"
+    s1.mkdir()
+    p1 = WorkLedger(EventLog(path, fresh=True))
+    p1.record_start()
+    run_group(p1, "a", step=1)
+    run_group(p1, "b")
+    p1.save(s1, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
+    p1.consume(["b"], step=2)
+    p1.events.close()
+
+    p2 = WorkLedger(EventLog(path))
+    p2.load(s1)
+    p2.record_resume()
+    p2.consume(["b"], step=2)
+    run_group(p2, "c")
+    s2 = tmp_path / "s2.tmp"  # never renamed: no resume can use it
+    s2.mkdir()
+    p2.save(s2, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    p2.consume(["c"], step=3)
+    p2.events.close()
+
+    p3 = WorkLedger(EventLog(path))
+    p3.load(s1)
+    p3.record_resume()
+    p3.consume(["b"], step=2)
+    run_group(p3, "c", step=3)
+    p3.record_end(step=3)
+
+    report = audit(path)
+    assert (report.lost, report.duplicated, report.trained, report.yielded) == (0, 0, 3, 3)
+    (resume,) = report.resumes  # p2's resume was itself rolled back by p3's
+    assert resume["save_id"] == p3.last_save_id and resume["rolled_back_consumes"] == 2  # p2 redid b, then c
+    assert report.tokens_regenerated == 3 * 2  # c's two samples (3 tokens each) were generated in vain by p2
