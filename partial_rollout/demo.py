@@ -16,6 +16,7 @@ and ``audit.json`` with both runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import shutil
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 RUNS = (("on", True), ("off", False))
+CHILD_TIMEOUT_S = 1200
+"""A trainer process that runs longer than this is taken for hung (a healthy one takes one to three minutes)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
             bar.n = step  # a resume starts again from its checkpoint's step
             bar.refresh()
 
-        attempts = kill_and_resume(config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step)
+        attempts = kill_and_resume(config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step,
+                                   timeout_s=CHILD_TIMEOUT_S)
         report = audit(run_dir / EVENTS_FILENAME).to_json()
         report["wall_s"] = round(attempts.wall_s, 1)
-        report["processes"] = [{"resume": a.resume, "killed": a.killed, "wall_s": round(a.wall_s, 1)} for a in attempts.attempts]
+        report["processes"] = [dataclasses.asdict(a) for a in attempts.attempts]
         (run_dir / "audit.json").write_text(json.dumps(report, indent=2))
         _plot(report, run_dir / "reward.png", title=f"partial rollouts {name}")
         return report

@@ -35,6 +35,8 @@ SCENARIOS = {
                       ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64")),
 }
 PARALLEL = 3
+CHILD_TIMEOUT_S = 360
+"""A trainer process of the fast config takes well under a minute on an idle 2-core machine; a hang fails fast."""
 """Scenarios run side by side: each process spends much of its life starting vLLM or waiting on a long sample."""
 
 
@@ -47,7 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
         folder = root / name
         overrides = [f"checkpointing.checkpoint_dir={folder / 'checkpoints'}", f"logger.log_dir={folder}",
                      f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}", *extra]
-        run = kill_and_resume(FAST, overrides, log_dir=folder, plan=plan)
+        run = kill_and_resume(FAST, overrides, log_dir=folder, plan=plan, timeout_s=CHILD_TIMEOUT_S)
         return folder, run, audit(folder / EVENTS_FILENAME)
 
     with ThreadPoolExecutor(PARALLEL) as pool:

@@ -228,7 +228,7 @@ def load_config(path: str | os.PathLike[str], overrides: typing.Sequence[str] = 
     data = OmegaConf.to_container(cfg, resolve=True)
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping", path=path)
-    return build(MasterConfig, data, prefix="")
+    return _build(MasterConfig, data, prefix="")
 
 
 def _apply_override(cfg: Any, item: str) -> None:
@@ -247,7 +247,7 @@ def _apply_override(cfg: Any, item: str) -> None:
 _ABSENT = object()
 
 
-def build(cls: type, data: Any, *, prefix: str) -> Any:
+def _build(cls: type, data: Any, *, prefix: str) -> Any:
     """Build dataclass ``cls`` from nested dicts, refusing unknown keys and values of the wrong type."""
     where = prefix or "the top level"
     if not isinstance(data, dict):
@@ -267,7 +267,7 @@ def build(cls: type, data: Any, *, prefix: str) -> Any:
 
 def _convert(hint: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
-        return build(hint, value, prefix=key)
+        return _build(hint, value, prefix=key)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
         if value not in args:

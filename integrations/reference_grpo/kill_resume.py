@@ -66,17 +66,25 @@ def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *,
 
 
 def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | None,
-              on_step: Callable[[int], None] | None = None, cwd: Path | None = None) -> Attempt:
-    """Run one trainer process to its end, or kill it as ``plan`` says; ``on_step`` sees each trained step."""
+              on_step: Callable[[int], None] | None = None, timeout_s: float | None = None) -> Attempt:
+    """Run one trainer process to its end, or kill it as ``plan`` says; ``on_step`` sees each trained step.
+
+    Raises:
+        TimeoutError: the process ran longer than ``timeout_s`` (it is killed first).
+    """
     started = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(log, "ab") as out:
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         after_save: int | None = None
         seen = 0
         killed = False
         while child.poll() is None:
             time.sleep(POLL_S)
+            if timeout_s is not None and time.perf_counter() - started > timeout_s:
+                child.kill()
+                child.wait()
+                raise TimeoutError(f"trainer ran longer than {timeout_s:.0f} s; see {log}")
             new = list(read_events(events))[seen:] if events.exists() else []
             seen += len(new)
             for event in new:
@@ -100,11 +108,12 @@ def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | N
 
 
 def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *, log_dir: Path, plan: KillPlan | None,
-                    on_step: Callable[[int], None] | None = None, cwd: Path | None = None) -> KillResumeRun:
+                    on_step: Callable[[int], None] | None = None, timeout_s: float | None = None) -> KillResumeRun:
     """Train from scratch, kill per ``plan`` (None: no kill), and resume until a process ends on its own.
 
     Raises:
         RuntimeError: a child failed (non-zero exit without being killed); its log names the cause.
+        TimeoutError: a child ran longer than ``timeout_s``.
     """
     events = log_dir / EVENTS_FILENAME
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +122,7 @@ def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *,
     resume = False
     while True:
         attempt = run_child(trainer_command(config, overrides, resume=resume), events=events, log=log,
-                            plan=None if resume else plan, on_step=on_step, cwd=cwd)
+                            plan=None if resume else plan, on_step=on_step, timeout_s=timeout_s)
         run.attempts.append(attempt)
         if not attempt.killed:
             if attempt.returncode != 0:
