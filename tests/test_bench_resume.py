@@ -1,0 +1,61 @@
+"""The resume-throughput benchmark end to end, on a tiny configuration (two real engine starts).
+
+Runs ``python -m benchmarks.resume_throughput`` as a user would, in a subprocess (vLLM spawns
+processes and binds to one event loop), and checks the JSON it writes: every mode is there,
+continue redid no decode token, and the benchmark's figures agree with the snapshot it wrote.
+No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.resume_throughput", "--samples", "8", "--prefix", "32", "--reps", "1",
+         "--max-model-len", "512", "--max-num-seqs", "32", "--kv-cache-bytes", str(256 * 2**20), "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads(out.with_name("bench.json").read_text())
+    for name in ("bench_recovery.png", "bench_timeline.png"):
+        assert out.with_name(name).stat().st_size > 10_000
+
+    assert result["consistency"]["passed"], result["consistency"]["failed"]
+    assert result["continue_redone_decode_tokens_max"] == 0
+    assert "mismatches" in result["points"][0]["reps"][0]["exact"]  # exactness is reported, asserted in test_resume_exact
+    for key in ("machine", "versions", "config", "definitions", "table", "markdown"):
+        assert key in result
+    (point,) = result["points"]
+    (rep,) = point["reps"]
+    assert set(rep["modes"]) == {"uninterrupted", "drop", "regenerate", "continue"}
+    assert set(point["summary"]["modes"]) == set(rep["modes"])
+    assert {row["mode"] for row in result["table"]} == set(rep["modes"])
+
+    work, modes = rep["workload"], rep["modes"]
+    assert work["samples_in_flight"] == 8 and work["groups_pending"] == 1
+    assert modes["continue"]["redone_decode_tokens"] == 0
+    assert modes["continue"]["decode_tokens"] == work["remaining_tokens"]
+    assert modes["regenerate"]["redone_decode_tokens"] == work["prefix_tokens"] > 0
+    assert modes["drop"]["prompts_lost"] == work["groups"]
+    assert modes["drop"]["prefix_tokens_lost"] == work["prefix_tokens"]
+    assert modes["uninterrupted"]["redone_decode_tokens"] == 0
+    for mode in ("uninterrupted", "regenerate", "continue"):
+        assert modes[mode]["recovery_s"] > 0
+    assert rep["save"]["snapshot_bytes"] > 0 and rep["save"]["load_s"] > 0 and rep["floor"]["floor_s"] > 0
+    for stat in point["summary"]["modes"]["continue"]["recovery_s"], point["summary"]["save"]["pause_ms"]:
+        assert stat["min"] <= stat["median"] <= stat["max"]
