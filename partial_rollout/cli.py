@@ -2,6 +2,8 @@
 
 Usage::
 
+    partial-rollout demo [--out DIR] [--seed S]
+    partial-rollout train CONFIG [key=value | ++key=value ...] [--resume]
     partial-rollout dump PATH [--json | --request ID | --decode | --verify]
     partial-rollout generate [--model DIR] [--prompts N] [--max-tokens M]
     partial-rollout check-resume [--model DIR] [--requests N] [--seed S]
@@ -24,6 +26,8 @@ from collections.abc import Sequence
 from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, PartialRolloutError
 
 SUBCOMMAND_MODULES = (
+    "partial_rollout.demo",
+    "partial_rollout.train",
     "partial_rollout.dump",
     "partial_rollout.generate",
     "partial_rollout.check_resume",
