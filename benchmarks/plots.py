@@ -3,7 +3,8 @@
 ``python -m benchmarks.plots benchmarks/results/resume_full.json`` redraws the PNGs next to it:
 
 - ``<prefix>_recovery.png``: recovery time (median, min-max bars) against the mean prefix length,
-  one line per mode, one panel per number of in-flight samples; the prefill floor dashed.
+  one line per mode, one panel per number of in-flight samples; the prefill floor dashed. Rows:
+  engine steps (immune to other jobs on the machine), wall-clock seconds, CPU seconds.
 - ``<prefix>_timeline.png``: tokens per second across the save, the kill and the resume for one
   sweep point (first repetition): the run that is cut, then the same remainder finished in place
   (uninterrupted), after a restart from the saved prefixes (continue), and from scratch
@@ -43,24 +44,30 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     sizes = sorted({p["num_in_flight"] for p in result["points"]})
-    fig, axes = plt.subplots(1, len(sizes), figsize=(max(7.5, 5 * len(sizes)), 4.4), squeeze=False)
-    for ax, n in zip(axes[0], sizes):
-        pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
-        xs = [p["mean_prefix"] for p in pts]
-        for mode in ("uninterrupted", "regenerate", "continue"):
-            stats = [p["summary"]["modes"][mode]["recovery_s"] for p in pts]
-            med = [s["median"] for s in stats]
-            err = [[m - s["min"] for m, s in zip(med, stats)], [s["max"] - m for m, s in zip(med, stats)]]
-            ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=COLORS[mode], label=mode)
-        floor = [p["summary"]["modes"]["continue"]["floor_s"]["median"] for p in pts]
-        ax.plot(xs, floor, ls="--", marker=".", color=COLORS["continue"], alpha=0.6, label="prefill floor")
-        lost = ", ".join(f"{p['mean_prefix']}: {int(p['summary']['modes']['drop']['prompts_lost']['median'])}" for p in pts)
-        ax.set_title(f"{n} samples in flight\n(drop loses prompts {lost})", fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.set_xlabel("mean prefix length at the cut (tokens)")
-        ax.set_ylabel("recovery time (s), median, min-max")
-        ax.grid(alpha=0.3)
+    has = lambda key: all(key in p["summary"]["modes"]["continue"] for p in result["points"])  # noqa: E731
+    rows = ([("steps", "floor_steps", "engine steps")] if has("floor_steps") else []) + [("recovery_s", "floor_s", "recovery time (s)")]
+    rows += [("cpu_s", "floor_cpu_s", "CPU time (s)")] if has("cpu_s") else []
+    fig, axes = plt.subplots(len(rows), len(sizes), figsize=(max(7.5, 5 * len(sizes)), 0.6 + 3.8 * len(rows)), squeeze=False)
+    for row, (metric, floor_metric, label) in enumerate(rows):
+        for ax, n in zip(axes[row], sizes):
+            pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
+            xs = [p["mean_prefix"] for p in pts]
+            for mode in ("uninterrupted", "regenerate", "continue"):
+                stats = [p["summary"]["modes"][mode][metric] for p in pts]
+                med = [s["median"] for s in stats]
+                err = [[m - s["min"] for m, s in zip(med, stats)], [s["max"] - m for m, s in zip(med, stats)]]
+                ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=COLORS[mode], label=mode)
+            floor = [p["summary"]["modes"]["continue"][floor_metric]["median"] for p in pts]
+            ax.plot(xs, floor, ls="--", marker=".", color=COLORS["continue"], alpha=0.6, label="prefill floor")
+            if row == 0:
+                lost = ", ".join(f"{p['mean_prefix']}: {int(p['summary']['modes']['drop']['prompts_lost']['median'])}" for p in pts)
+                reps = ", ".join(str(len(p["reps"])) for p in pts)
+                ax.set_title(f"{n} samples in flight (reps {reps})\n(drop loses prompts {lost})", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            ax.set_xlabel("mean prefix length at the cut (tokens)")
+            ax.set_ylabel(f"{label}, median, min-max")
+            ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     engine = result["config"]["engine"]
     fig.suptitle(f"Recovery after a restart: {Path(engine['model']).name}\nvLLM {result['versions']['vllm']}, "

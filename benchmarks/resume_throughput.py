@@ -34,6 +34,18 @@ every recovered sample finished; the uninterrupted mode's runs from ``resume()``
 Tokens are counted per request from the adapter's live records (a benchmark-only read of ``ResumableEngine._live``, polled every 5 ms to
 stagger the dispatch and every 100 ms for the timeline).
 
+Three clocks per mode, because this 2-core machine is shared and bursty (the same work took from
+0.5 s to 12 s of wall *and* CPU time in consecutive runs on one engine):
+
+- ``steps``: engine steps that produced outputs (counted on vLLM's output processor), the
+  latency structure of the recovery, immune to other jobs; the most trustworthy figure here;
+- ``recovery_s``: wall-clock seconds, what a user waits for;
+- ``cpu_s``: CPU seconds of this process and the engine core over the same interval.
+
+Each restart mode is then rerun on its own, now warm, engine after emptying the prefix cache
+(``warm_s``, ``warm_cpu_s``): the first batches of a fresh CPU engine can be much slower, the same
+for every restart mode, and the warm rerun shows the modes without that effect.
+
 Inside each repetition the benchmark checks its own figures against the snapshot it wrote: the
 counts recomputed from the loaded file (``Snapshot.counts()``), the counters it stored in the
 file, and its own bookkeeping must agree (in-flight and pending samples, prefix tokens, prompts
@@ -219,6 +231,54 @@ class Tracker:
             await self._task
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and its live descendants (the engine core).
+
+    Other jobs on a shared machine stretch wall-clock times but barely change the CPU time the
+    engine needs for the same work, so modes are also compared on this.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = int(fields[11]) + int(fields[12])
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / ticks
+
+
+def step_counter(engine: Any) -> Any:
+    """A function returning how many engine steps have delivered outputs to this engine so far.
+
+    Counts calls of vLLM's per-step ``OutputProcessor.update_scheduler_stats`` (wrapped on the
+    instance, benchmark-only). Steps are immune to other jobs on the machine, unlike seconds.
+    """
+    proc = engine._llm.output_processor
+    if not getattr(proc, "_bench_counted", False):
+        proc._bench_steps = 0
+        original = proc.update_scheduler_stats
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            proc._bench_steps += 1
+            return original(*args, **kwargs)
+
+        proc.update_scheduler_stats = counted
+        proc._bench_counted = True
+    return lambda: proc._bench_steps
+
+
 # --- phases --------------------------------------------------------------------------------------
 
 
@@ -276,6 +336,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     engine, start_s = await start_engine(config)
     try:
         tracker = Tracker(engine)
+        steps = step_counter(engine)
         t0 = time.perf_counter()
         tracker.start_timeline(t0)
         dispatched = sorted((g for g in groups if not g.pending), key=lambda g: -g.prefix_target)
@@ -310,7 +371,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
         counters = bench_counters(groups, cut.samples)
         snapshot = build_snapshot(engine, groups, cut.samples, counters)
         await engine.resume()
-        t_resume = time.perf_counter()
+        t_resume, cpu_resume, steps_resume = time.perf_counter(), tree_cpu_s(), steps()
         for g in groups:  # an uninterrupted run dispatches the pending prompts too: same remaining work
             if g.pending:
                 launch(g)
@@ -323,7 +384,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
 
         size, save_s = await asyncio.to_thread(save)
         finished = dict(zip(tasks, await asyncio.gather(*tasks.values())))
-        t_end = time.perf_counter()
+        t_end, cpu_end, steps_end = time.perf_counter(), tree_cpu_s(), steps()
         await tracker.stop_timeline()
     finally:
         await engine.shutdown()
@@ -334,7 +395,8 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     return dict(
         engine_start_s=start_s, snapshot=snapshot, path=path, bytes=size, save_s=save_s,
         pause_s=cut.pause_s, freeze_s=t_resume - t_cut, finished=finished,
-        uninterrupted_s=t_end - t_resume, tokens_before_cut=tokens_at_cut,
+        uninterrupted_s=t_end - t_resume, uninterrupted_cpu_s=cpu_end - cpu_resume,
+        uninterrupted_steps=steps_end - steps_resume, tokens_before_cut=tokens_at_cut,
         decode_tokens_after_cut=tracker.totals()[0] - tokens_at_cut, precut_s=t_cut - t0,
         steady_tok_s=steady_tok_s, steady_window_s=window_s, step_ms=step_ms,
         timeline=[(round(t - (t_cut - t0), 3), e, u) for t, e, u in tracker.timeline],
@@ -354,8 +416,24 @@ async def reset_cache(engine: Any) -> None:
     assert await engine._llm.reset_prefix_cache(), "prefix cache reset refused (requests still running?)"
 
 
+async def warm_rerun(engine: Any, work: list[tuple[str, list[int], SampleRecord]], *, resume: bool) -> tuple[float, float]:
+    """The same recovery again on the now-warm engine, prefix cache emptied first: (wall s, CPU s).
+
+
+    A fresh CPU engine runs its first batches much slower (we measured up to ~10x the CPU time
+    per token of a warm one; the cause is not pinned down), and that start-up effect is the same
+    whichever mode runs. The warm rerun compares the modes without it.
+    """
+    await reset_cache(engine)
+    t0, cpu0 = time.perf_counter(), tree_cpu_s()
+    await asyncio.gather(*(
+        engine.generate(f"warm/{rid}", prompt, s.sampling, resume_from=s if resume else None) for rid, prompt, s in work
+    ))
+    return time.perf_counter() - t0, tree_cpu_s() - cpu0
+
+
 async def phase_continue(config: Any, path: Path) -> dict[str, Any]:
-    """A fresh engine: load the snapshot from disk and continue every saved prefix."""
+    """A fresh engine: load the snapshot from disk and continue every saved prefix; then again, warm."""
     engine, start_s = await start_engine(config)
     try:
         evict(path)
@@ -364,21 +442,24 @@ async def phase_continue(config: Any, path: Path) -> dict[str, Any]:
         load_s = time.perf_counter() - t
         work = recovered(snapshot)
         tracker = Tracker(engine)
-        t0 = time.perf_counter()
+        steps = step_counter(engine)
+        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling, resume_from=s) for rid, prompt, s in work))
-        continue_s = time.perf_counter() - t0
+        continue_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, steps() - steps0
         await tracker.stop_timeline()
         decode, useful = tracker.totals()
+        warm_s, warm_cpu_s = await warm_rerun(engine, work, resume=True)
     finally:
         await engine.shutdown()
-    return dict(engine_start_s=start_s, load_s=load_s, loaded=snapshot, recovery_s=continue_s, decode_tokens=decode,
+    return dict(engine_start_s=start_s, load_s=load_s, loaded=snapshot, recovery_s=continue_s, cpu_s=cpu_s, steps=n_steps,
+                warm_s=warm_s, warm_cpu_s=warm_cpu_s, decode_tokens=decode,
                 useful_tokens=useful, prefill_tokens=sum(len(p) + s.num_tokens for _, p, s in work),
                 records={rid: r for (rid, _, _), r in zip(work, records)}, timeline=tracker.timeline)
 
 
 async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
-    """A fresh engine: regenerate every recovered prompt from scratch; then the prefill floor.
+    """A fresh engine: regenerate every recovered prompt from scratch, again warm; then the prefill floor.
 
     The floor runs last, on this now-warm engine and after emptying the prefix cache: it is a
     lower bound (pure prefill compute, no fresh-process costs), and regenerate's own cached blocks
@@ -389,25 +470,28 @@ async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
         snapshot = load_snapshot(path)  # the legacy path re-dispatches the same prompts from its loader
         work = recovered(snapshot)
         tracker = Tracker(engine, redo={rid: s.num_tokens for rid, _, s in work})
-        t0 = time.perf_counter()
+        steps = step_counter(engine)
+        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling) for rid, prompt, s in work))
-        regenerate_s = time.perf_counter() - t0
+        regenerate_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, steps() - steps0
         await tracker.stop_timeline()
         decode, useful = tracker.totals()
+        warm_s, warm_cpu_s = await warm_rerun(engine, work, resume=False)
 
         await reset_cache(engine)
         floor = [(rid, prompt + s.token_ids.tolist(), s) for rid, prompt, s in work if s.state is SampleState.IN_FLIGHT]
-        t = time.perf_counter()
+        t, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         await asyncio.gather(*(
             engine.generate(f"floor/{rid}", ids, SamplingSpec(max_tokens=1, temperature=1.0, seed=s.sampling.seed, ignore_eos=True))
             for rid, ids, s in floor
         ))
-        floor_s = time.perf_counter() - t
+        floor_s, floor_cpu_s, floor_steps = time.perf_counter() - t, tree_cpu_s() - cpu0, steps() - steps0
     finally:
         await engine.shutdown()
-    return dict(engine_start_s=start_s, floor_s=floor_s, floor_prefill_tokens=sum(len(ids) for _, ids, _ in floor),
-                recovery_s=regenerate_s, decode_tokens=decode, useful_tokens=useful,
+    return dict(engine_start_s=start_s, floor_s=floor_s, floor_cpu_s=floor_cpu_s, floor_steps=floor_steps, steps=n_steps,
+                floor_prefill_tokens=sum(len(ids) for _, ids, _ in floor), recovery_s=regenerate_s, cpu_s=cpu_s,
+                warm_s=warm_s, warm_cpu_s=warm_cpu_s, decode_tokens=decode, useful_tokens=useful,
                 prefill_tokens=sum(len(p) for _, p, _ in work), records={rid: r for (rid, _, _), r in zip(work, records)},
                 timeline=tracker.timeline)
 
@@ -496,26 +580,37 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
 
     unint_s = a["uninterrupted_s"]
     modes = {
-        "uninterrupted": dict(recovery_s=unint_s, decode_tokens=a["decode_tokens_after_cut"], prefill_tokens=0,
+        "uninterrupted": dict(recovery_s=unint_s, cpu_s=a["uninterrupted_cpu_s"], steps=a["uninterrupted_steps"], decode_tokens=a["decode_tokens_after_cut"], prefill_tokens=0,
                               redone_decode_tokens=a["decode_tokens_after_cut"] - remaining, useful_tokens=remaining,
                               prompts_lost=0, samples_lost=0, prefix_tokens_lost=0),
-        "drop": dict(recovery_s=0.0, decode_tokens=0, prefill_tokens=0, redone_decode_tokens=0, useful_tokens=0,
+        "drop": dict(recovery_s=0.0, cpu_s=0.0, steps=0, decode_tokens=0, prefill_tokens=0, redone_decode_tokens=0, useful_tokens=0,
                      prompts_lost=len(lost_groups), samples_lost=len(in_flight) + len(not_started),
                      prefix_tokens_lost=prefix_tokens),
-        "regenerate": dict(recovery_s=b["recovery_s"], decode_tokens=b["decode_tokens"], prefill_tokens=b["prefill_tokens"],
+        "regenerate": dict(recovery_s=b["recovery_s"], cpu_s=b["cpu_s"], steps=b["steps"], warm_s=b["warm_s"], warm_cpu_s=b["warm_cpu_s"], decode_tokens=b["decode_tokens"], prefill_tokens=b["prefill_tokens"],
                            redone_decode_tokens=b["decode_tokens"] - remaining, useful_tokens=b["useful_tokens"],
                            prompts_lost=0, samples_lost=0, prefix_tokens_lost=0, engine_start_s=b["engine_start_s"]),
-        "continue": dict(recovery_s=c["recovery_s"], decode_tokens=c["decode_tokens"], prefill_tokens=c["prefill_tokens"],
+        "continue": dict(recovery_s=c["recovery_s"], cpu_s=c["cpu_s"], steps=c["steps"], floor_steps=b["floor_steps"], warm_s=c["warm_s"], warm_cpu_s=c["warm_cpu_s"], decode_tokens=c["decode_tokens"], prefill_tokens=c["prefill_tokens"],
                          redone_decode_tokens=c["decode_tokens"] - remaining, useful_tokens=c["useful_tokens"],
                          prompts_lost=0, samples_lost=0, prefix_tokens_lost=0, engine_start_s=c["engine_start_s"],
-                         load_s=c["load_s"], floor_s=b["floor_s"], over_floor_s=c["recovery_s"] - b["floor_s"],
+                         load_s=c["load_s"], floor_s=b["floor_s"], floor_cpu_s=b["floor_cpu_s"],
+                         over_floor_s=c["recovery_s"] - b["floor_s"], over_floor_cpu_s=c["cpu_s"] - b["floor_cpu_s"],
                          over_floor_ratio=c["recovery_s"] / b["floor_s"] if b["floor_s"] > 0 else None),
     }
     for m in modes.values():
         m["useful_tok_s"] = m["useful_tokens"] / m["recovery_s"] if m["recovery_s"] > 0 else None
         m["vs_uninterrupted"] = m["recovery_s"] / unint_s if unint_s > 0 and m["recovery_s"] > 0 else None
+        m["steps_vs_uninterrupted"] = m["steps"] / a["uninterrupted_steps"] if a["uninterrupted_steps"] and m["steps"] else None
+        unint_cpu = a["uninterrupted_cpu_s"]
+        m["cpu_vs_uninterrupted"] = m["cpu_s"] / unint_cpu if unint_cpu > 0 and m["cpu_s"] > 0 else None
         m["useful_vs_steady"] = m["useful_tok_s"] / a["steady_tok_s"] if m["useful_tok_s"] and a["steady_tok_s"] else None
     modes["regenerate"]["vs_continue"] = b["recovery_s"] / c["recovery_s"]
+    modes["regenerate"]["steps_vs_continue"] = b["steps"] / c["steps"] if c["steps"] else None
+    modes["regenerate"]["cpu_vs_continue"] = b["cpu_s"] / c["cpu_s"] if c["cpu_s"] > 0 else None
+    modes["regenerate"]["warm_vs_continue"] = b["warm_s"] / c["warm_s"]
+    modes["regenerate"]["warm_cpu_vs_continue"] = b["warm_cpu_s"] / c["warm_cpu_s"] if c["warm_cpu_s"] > 0 else None
+    for name, m in (("regenerate", b), ("continue", c)):
+        modes[name]["warm_vs_uninterrupted"] = m["warm_s"] / unint_s if unint_s > 0 else None
+        modes[name]["warm_cpu_vs_uninterrupted"] = m["warm_cpu_s"] / a["uninterrupted_cpu_s"] if a["uninterrupted_cpu_s"] > 0 else None
 
     tokens_total = prefix_tokens
     return dict(
@@ -536,7 +631,7 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
                   sampler_state_bytes=sampler_bytes,
                   bytes_per_in_flight_token=a["bytes"] / tokens_total if tokens_total else None,
                   bytes_per_in_flight_token_excl_sampler_state=(a["bytes"] - sampler_bytes) / tokens_total if tokens_total else None),
-        floor=dict(floor_s=b["floor_s"], floor_prefill_tokens=b["floor_prefill_tokens"]),
+        floor=dict(floor_s=b["floor_s"], floor_cpu_s=b["floor_cpu_s"], floor_steps=b["floor_steps"], floor_prefill_tokens=b["floor_prefill_tokens"]),
         modes=modes,
         exact=dict(samples=len(ref), continue_equals_uninterrupted=int(same_continue),
                    regenerate_equals_uninterrupted=int(same_regen), continue_equals_regenerate=int(same_pending),
@@ -576,7 +671,15 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "continue_vs_uninterrupted_median": med("continue", "vs_uninterrupted"),
         "continue_vs_uninterrupted_target": TARGET_CONTINUE_VS_UNINTERRUPTED,
         "continue_vs_uninterrupted_met": (med("continue", "vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "continue_cpu_vs_uninterrupted_median": med("continue", "cpu_vs_uninterrupted"),
+        "continue_steps_vs_uninterrupted_median": med("continue", "steps_vs_uninterrupted"),
+        "continue_steps_vs_uninterrupted_met": (med("continue", "steps_vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "regenerate_vs_continue_steps_median": med("regenerate", "steps_vs_continue"),
         "regenerate_vs_continue_median": med("regenerate", "vs_continue"),
+        "regenerate_vs_continue_cpu_median": med("regenerate", "cpu_vs_continue"),
+        "continue_warm_vs_uninterrupted_median": med("continue", "warm_vs_uninterrupted"),
+        "regenerate_vs_continue_warm_median": med("regenerate", "warm_vs_continue"),
+        "regenerate_vs_continue_warm_cpu_median": med("regenerate", "warm_cpu_vs_continue"),
         "pause_in_decode_steps_median": (save["pause_in_decode_steps"] or {}).get("median"),
         "pause_within_one_decode_step": ((save["pause_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
         "bytes_per_in_flight_token_excl_sampler_state_median": (save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median"),
@@ -602,6 +705,9 @@ def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 in_flight=p["num_in_flight"], mean_prefix=p["mean_prefix"], mode=mode, reps=len(p["reps"]),
                 recovery_s=g("recovery_s"), recovery_s_min=(m.get("recovery_s") or {}).get("min"),
                 recovery_s_max=(m.get("recovery_s") or {}).get("max"), vs_uninterrupted=g("vs_uninterrupted"),
+                cpu_s=g("cpu_s"), cpu_vs_uninterrupted=g("cpu_vs_uninterrupted"),
+                warm_s=g("warm_s"), warm_vs_uninterrupted=g("warm_vs_uninterrupted"),
+                steps=g("steps"), steps_vs_uninterrupted=g("steps_vs_uninterrupted"),
                 decode_tokens=g("decode_tokens"), prefill_tokens=g("prefill_tokens"),
                 redone_decode_tokens=g("redone_decode_tokens"), useful_tok_s=g("useful_tok_s"),
                 useful_vs_steady=g("useful_vs_steady"), prompts_lost=g("prompts_lost"),
@@ -620,16 +726,16 @@ def fmt(v: Any, digits: int = 2) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
-        "| in flight | mean prefix | mode | recovery s (median [min-max]) | x uninterrupted | decode tok | prefill tok | redone decode | useful tok/s (x steady) | prompts lost |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| in flight | mean prefix | mode | engine steps (x uninterrupted) | recovery s (median [min-max]) | x uninterrupted | CPU s (x uninterrupted) | warm engine s (x uninterrupted) | decode tok | prefill tok | redone decode | useful tok/s (x steady) | prompts lost |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["table"]:
         lines.append(
-            f"| {r['in_flight']} | {r['mean_prefix']} | {r['mode']} | {fmt(r['recovery_s'])} [{fmt(r['recovery_s_min'])}-{fmt(r['recovery_s_max'])}]"
-            f" | {fmt(r['vs_uninterrupted'])} | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
+            f"| {r['in_flight']} | {r['mean_prefix']} | {r['mode']} | {fmt(r.get('steps'), 0)} ({fmt(r.get('steps_vs_uninterrupted'))}) | {fmt(r['recovery_s'])} [{fmt(r['recovery_s_min'])}-{fmt(r['recovery_s_max'])}]"
+            f" | {fmt(r['vs_uninterrupted'])} | {fmt(r.get('cpu_s'))} ({fmt(r.get('cpu_vs_uninterrupted'))}) | {fmt(r.get('warm_s'))} ({fmt(r.get('warm_vs_uninterrupted'))}) | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
             f" | {fmt(r['useful_tok_s'], 0)} ({fmt(r['useful_vs_steady'])}) | {fmt(r['prompts_lost'])} |"
         )
-    lines += ["", "| in flight | mean prefix | pause ms | pause / decode step | save s | load s | bytes / in-flight token (excl. sampler state) | floor s | continue - floor s | regenerate / continue |",
+    lines += ["", "| in flight | mean prefix | pause ms | pause / decode step | save s | load s | bytes / in-flight token (excl. sampler state) | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in result["points"]:
         s = p["summary"]
@@ -638,8 +744,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('pause_in_decode_steps'))} | {fmt(sv('save_s'), 3)}"
             f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))})"
-            f" | {fmt((c['floor_s'] or {}).get('median'))} | {fmt((c['over_floor_s'] or {}).get('median'))}"
-            f" | {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))} |"
+            f" | {fmt((c['floor_s'] or {}).get('median'))} ({fmt((c.get('floor_steps') or {}).get('median'), 0)}) | {fmt((c['over_floor_s'] or {}).get('median'))}"
+            f" | {fmt((s['modes']['regenerate'].get('steps_vs_continue') or {}).get('median'))}; {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))};"
+            f" {fmt((s['modes']['regenerate'].get('cpu_vs_continue') or {}).get('median'))};"
+            f" {fmt((s['modes']['regenerate'].get('warm_vs_continue') or {}).get('median'))} |"
         )
     return "\n".join(lines)
 
@@ -684,6 +792,10 @@ DEFINITIONS = {
     "recovery_s": "seconds from engine-ready after the restart until every recovered sample finished (uninterrupted: from resume() after the cut)",
     "decode_tokens": "tokens the engine generated for the recovered samples",
     "prefill_tokens": "prompt tokens submitted for the recovered samples (continue: prompt + saved prefix); prefix caching is on, so shared group prompts may be computed once",
+    "steps": "engine steps (scheduler iterations that produced outputs) over the same interval as recovery_s: the latency structure, immune to other jobs on the machine",
+    "cpu_s": "CPU seconds (user + system) of this process and the engine core over the same interval as recovery_s; robust to other jobs on the machine",
+    "warm_s": "the same recovery rerun on the same engine right after (prefix cache emptied): no fresh-engine start-up effects",
+    "warm_cpu_s": "CPU seconds of the warm rerun",
     "redone_decode_tokens": "decode_tokens minus the tokens the recovered samples still needed at the cut",
     "useful_tokens": "generated tokens that were not already in the snapshot",
     "useful_tok_s": "useful_tokens / recovery_s",

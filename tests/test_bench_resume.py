@@ -55,7 +55,8 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     assert modes["drop"]["prefix_tokens_lost"] == work["prefix_tokens"]
     assert modes["uninterrupted"]["redone_decode_tokens"] == 0
     for mode in ("uninterrupted", "regenerate", "continue"):
-        assert modes[mode]["recovery_s"] > 0
+        assert modes[mode]["recovery_s"] > 0 and modes[mode]["steps"] > 0 and modes[mode]["cpu_s"] > 0
+    assert modes["regenerate"]["warm_s"] > 0 and modes["continue"]["warm_s"] > 0
     assert rep["save"]["snapshot_bytes"] > 0 and rep["save"]["load_s"] > 0 and rep["floor"]["floor_s"] > 0
     for stat in point["summary"]["modes"]["continue"]["recovery_s"], point["summary"]["save"]["pause_ms"]:
         assert stat["min"] <= stat["median"] <= stat["max"]
