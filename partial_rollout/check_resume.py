@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from partial_rollout.engine.exactness import BATCH_LOGPROB_TOLERANCE
 from partial_rollout.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 
 _RESULT = "result.json"
@@ -47,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_workload_args(p)
     p.add_argument("--keep", default=None, help="keep the work folder (snapshot, results) here")
-    p.add_argument("--logprob-atol", type=float, default=0.1,
-                   help="largest |logprob difference| still counted as a match (default 0.1). vLLM kernels are "
+    p.add_argument("--logprob-atol", type=float, default=BATCH_LOGPROB_TOLERANCE,
+                   help="largest |logprob difference| still counted as a match (default %(default)s). vLLM kernels are "
                         "not batch-invariant: a request's logprobs move in the last bits with the batch it shares "
                         "a step with, in uninterrupted runs too. 0 demands bit-identity")
     p.set_defaults(func=run)

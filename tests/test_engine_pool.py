@@ -1,7 +1,7 @@
 """N engines behind Ray actors and one in-process engine are the same code path.
 
 A cut taken from a pool of two Ray-actor engines resumes on a single in-process engine (N=2 at the
-save, M=1 at the resume) and every sample continues exactly.
+save, M=1 at the resume) and every sample continues token for token.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from partial_rollout.engine import exactness
 from partial_rollout.engine.factory import EngineConfig
 from partial_rollout.engine.pool import EnginePool
 from partial_rollout.snapshot import SampleState, SamplingSpec
@@ -62,4 +63,6 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
     for rid, out in zip(work, loop_thread.run(resume_side())):
         assert out.inexact is None
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
-        np.testing.assert_array_equal(out.logprobs, ref[rid].logprobs, err_msg=rid)
+        # concurrent on both sides: logprobs agree within the engine's batch numerics (docs/exact_resume.md)
+        np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, rtol=0,
+                                   atol=exactness.BATCH_LOGPROB_TOLERANCE, err_msg=rid)

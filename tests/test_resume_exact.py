@@ -33,7 +33,7 @@ pytestmark = pytest.mark.engine
 
 M = 160  # max_tokens of the ordinary samples
 BLOCK = 128  # vLLM CPU KV block size
-BATCH_VARIANCE = 0.1  # bound on |logprob difference| from batch composition alone (measured <= 0.04)
+BATCH_VARIANCE = exactness.BATCH_LOGPROB_TOLERANCE
 
 
 def _workload() -> dict[str, tuple[list[int], SamplingSpec]]:
