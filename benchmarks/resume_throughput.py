@@ -99,6 +99,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from benchmarks.snapshot_io import evict  # noqa: E402
 from partial_rollout.snapshot import (  # noqa: E402
     GroupRecord,
     GroupState,
@@ -288,16 +289,6 @@ async def start_engine(config: Any) -> tuple[Any, float]:
     t = time.perf_counter()
     engine = await ResumableEngine.start(config)
     return engine, time.perf_counter() - t
-
-
-def evict(path: Path) -> None:
-    """Drop ``path``'s pages from the page cache so the next read comes from the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def bench_counters(groups: list[Group], cut: dict[str, SampleRecord]) -> dict[str, int]:
