@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,6 @@ class Cut:
 class _Live:
     """A request this adapter submitted and has not yet returned."""
 
-    prompt_len: int
     sampling: SamplingSpec
     base: SampleRecord | None
     """The saved prefix this request continues, if it is a resume."""
@@ -95,10 +94,11 @@ def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: 
     )
 
 
-def _spans_to_versions(spans: Sequence[Any] | None, n: int, fallback: int) -> np.ndarray:
+def _versions(n: int, fallback: int, spans: Iterable[tuple[str, int, int]]) -> np.ndarray:
+    """Per-token policy versions from vLLM's ``(label, start, end)`` weight-version spans."""
     versions = np.full(n, fallback, dtype=np.int32)
-    for span in spans or ():
-        versions[span.start : span.end] = int(span.version)
+    for label, start, end in spans:
+        versions[start:end] = int(label)
     return versions
 
 
@@ -169,11 +169,6 @@ class ResumableEngine:
     def policy_version(self) -> int:
         return self._policy_version
 
-    @property
-    def num_live(self) -> int:
-        """Requests submitted and not yet returned."""
-        return len(self._live)
-
     def fingerprints(self) -> Fingerprints:
         """What a snapshot of this engine's work must be resumed with."""
         import vllm
@@ -229,7 +224,7 @@ class ResumableEngine:
         consumed = 0 if base is None else base.num_tokens
         prompt = list(prompt_token_ids) + ([] if base is None else base.token_ids.tolist())
         params = to_vllm_params(sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state)
-        live = _Live(prompt_len=len(prompt_token_ids), sampling=sampling, base=base)
+        live = _Live(sampling=sampling, base=base)
         self._live[request_id] = live
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
@@ -254,7 +249,8 @@ class ResumableEngine:
 
     def _finished_record(self, live: _Live, completion: Any) -> SampleRecord:
         n = len(live.token_ids)
-        versions = _spans_to_versions(completion.weight_versions, n, self._policy_version)
+        spans = ((span.version, span.start, span.end) for span in completion.weight_versions or ())
+        versions = _versions(n, self._policy_version, spans)
         return self._record(live, SampleState.FINISHED, n, versions,
                             finish_reason=str(completion.finish_reason), stop_reason=completion.stop_reason)
 
@@ -349,7 +345,9 @@ class ResumableEngine:
             reason = exactness.inexact_reason(live.sampling, num_tokens=0, sampler_state=None,
                                               capture_unsupported=self.support.reason)
             return SampleRecord(index=0, state=SampleState.NOT_STARTED, sampling=live.sampling, inexact=reason)
-        versions = self._versions_from_starts(version_starts, count)
+        ends = [begin for _, begin in version_starts[1:]] + [count]
+        versions = _versions(count, self._policy_version,
+                             ((label, begin, end) for (label, begin), end in zip(version_starts, ends)))
         if count == 0 and live.base is not None:
             sampler_state = live.base.sampler_state  # resumed but not yet scheduled: nothing drawn since
         if live.sampling.is_greedy or live.sampling.seed is None or not self.support.sampler_state:
@@ -364,13 +362,6 @@ class ResumableEngine:
             self._warned.add(reason)
             warnings.warn(f"some samples will not resume exactly: {reason}", stacklevel=3)
         return dataclasses.replace(record, inexact=reason)
-
-    def _versions_from_starts(self, starts: list[tuple[str, int]], count: int) -> np.ndarray:
-        """Per-token policy versions of a running request, from vLLM's own weight-version record."""
-        versions = np.full(count, self._policy_version, dtype=np.int32)
-        for (label, begin), end in zip(starts, [s for _, s in starts[1:]] + [count]):
-            versions[begin:end] = int(label)
-        return versions
 
     # --- weights --------------------------------------------------------------------------------
 
