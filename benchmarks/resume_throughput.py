@@ -31,14 +31,16 @@ One workload, one engine configuration, the same seeds, compared within one run.
 
 Recovery time runs from engine-ready (``ResumableEngine.start`` returned, warm-up included) until
 every recovered sample finished; the uninterrupted mode's runs from ``resume()`` after the cut.
-Tokens are counted per request from the adapter's live records (a benchmark-only read of ``ResumableEngine._live``, polled every 5 ms to
-stagger the dispatch and every 100 ms for the timeline).
+Tokens are counted per request from the adapter's progress counter
+(:meth:`ResumableEngine.live_tokens`), polled every 5 ms to stagger the dispatch and every 100 ms
+for the timeline.
 
 Three clocks per mode, because this 2-core machine is shared and bursty (the same work took from
 0.5 s to 12 s of wall *and* CPU time in consecutive runs on one engine):
 
-- ``steps``: engine steps that produced outputs (counted on vLLM's output processor), the
-  latency structure of the recovery, immune to other jobs; the most trustworthy figure here;
+- ``steps``: engine steps that produced outputs (``ResumableEngine.steps``, counted by a vLLM
+  stat logger), the latency structure of the recovery, immune to other jobs; the most
+  trustworthy figure here;
 - ``recovery_s``: wall-clock seconds, what a user waits for;
 - ``cpu_s``: CPU seconds of this process and the engine core over the same interval.
 
@@ -195,14 +197,11 @@ class Tracker:
     def count(self, rid: str) -> int:
         if rid in self.done:
             return self.done[rid]
-        live = self.engine._live.get(rid)  # benchmark-only read of the adapter's live records
-        return 0 if live is None else len(live.token_ids)
+        return self.engine.live_tokens().get(rid, 0)
 
     def totals(self) -> tuple[int, int]:
         engine = useful = 0
-        counts = dict(self.done)
-        for rid, live in list(self.engine._live.items()):
-            counts.setdefault(rid, len(live.token_ids))
+        counts = {**self.engine.live_tokens(), **self.done}
         for rid, n in counts.items():
             engine += n
             useful += max(0, n - self.redo.get(rid, 0))
@@ -260,26 +259,6 @@ def tree_cpu_s() -> float:
     return total / ticks
 
 
-def step_counter(engine: Any) -> Any:
-    """A function returning how many engine steps have delivered outputs to this engine so far.
-
-    Counts calls of vLLM's per-step ``OutputProcessor.update_scheduler_stats`` (wrapped on the
-    instance, benchmark-only). Steps are immune to other jobs on the machine, unlike seconds.
-    """
-    proc = engine._llm.output_processor
-    if not getattr(proc, "_bench_counted", False):
-        proc._bench_steps = 0
-        original = proc.update_scheduler_stats
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            proc._bench_steps += 1
-            return original(*args, **kwargs)
-
-        proc.update_scheduler_stats = counted
-        proc._bench_counted = True
-    return lambda: proc._bench_steps
-
-
 # --- phases --------------------------------------------------------------------------------------
 
 
@@ -287,7 +266,7 @@ async def start_engine(config: Any) -> tuple[Any, float]:
     from partial_rollout.engine.adapter import ResumableEngine
 
     t = time.perf_counter()
-    engine = await ResumableEngine.start(config)
+    engine = await ResumableEngine.start(config, count_steps=True)
     return engine, time.perf_counter() - t
 
 
@@ -327,7 +306,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     engine, start_s = await start_engine(config)
     try:
         tracker = Tracker(engine)
-        steps = step_counter(engine)
+        steps = lambda: engine.steps.steps  # noqa: E731
         t0 = time.perf_counter()
         tracker.start_timeline(t0)
         dispatched = sorted((g for g in groups if not g.pending), key=lambda g: -g.prefix_target)
@@ -385,7 +364,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     step_ms = 1000 * window_s / (clock_at_cut - last_dispatch[2]) if clock_at_cut > last_dispatch[2] else None
     return dict(
         engine_start_s=start_s, snapshot=snapshot, path=path, bytes=size, save_s=save_s,
-        pause_s=cut.pause_s, freeze_s=t_resume - t_cut, finished=finished,
+        pause_s=cut.pause_s, stop_s=cut.stop_s, freeze_s=t_resume - t_cut, finished=finished,
         uninterrupted_s=t_end - t_resume, uninterrupted_cpu_s=cpu_end - cpu_resume,
         uninterrupted_steps=steps_end - steps_resume, tokens_before_cut=tokens_at_cut,
         decode_tokens_after_cut=tracker.totals()[0] - tokens_at_cut, precut_s=t_cut - t0,
@@ -402,11 +381,6 @@ def recovered(snapshot: Snapshot) -> list[tuple[str, list[int], SampleRecord]]:
     ]
 
 
-async def reset_cache(engine: Any) -> None:
-    """Empty the prefix cache (vLLM's public ``AsyncLLM`` call, reached through the adapter)."""
-    assert await engine._llm.reset_prefix_cache(), "prefix cache reset refused (requests still running?)"
-
-
 async def warm_rerun(engine: Any, work: list[tuple[str, list[int], SampleRecord]], *, resume: bool) -> tuple[float, float]:
     """The same recovery again on the now-warm engine, prefix cache emptied first: (wall s, CPU s).
 
@@ -415,7 +389,7 @@ async def warm_rerun(engine: Any, work: list[tuple[str, list[int], SampleRecord]
     per token of a warm one; the cause is not pinned down), and that start-up effect is the same
     whichever mode runs. The warm rerun compares the modes without it.
     """
-    await reset_cache(engine)
+    await engine.reset_prefix_cache()
     t0, cpu0 = time.perf_counter(), tree_cpu_s()
     await asyncio.gather(*(
         engine.generate(f"warm/{rid}", prompt, s.sampling, resume_from=s if resume else None) for rid, prompt, s in work
@@ -433,7 +407,7 @@ async def phase_continue(config: Any, path: Path) -> dict[str, Any]:
         load_s = time.perf_counter() - t
         work = recovered(snapshot)
         tracker = Tracker(engine)
-        steps = step_counter(engine)
+        steps = lambda: engine.steps.steps  # noqa: E731
         t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling, resume_from=s) for rid, prompt, s in work))
@@ -461,7 +435,7 @@ async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
         snapshot = load_snapshot(path)  # the legacy path re-dispatches the same prompts from its loader
         work = recovered(snapshot)
         tracker = Tracker(engine, redo={rid: s.num_tokens for rid, _, s in work})
-        steps = step_counter(engine)
+        steps = lambda: engine.steps.steps  # noqa: E731
         t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling) for rid, prompt, s in work))
@@ -470,7 +444,7 @@ async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
         decode, useful = tracker.totals()
         warm_s, warm_cpu_s = await warm_rerun(engine, work, resume=False)
 
-        await reset_cache(engine)
+        await engine.reset_prefix_cache()
         floor = [(rid, prompt + s.token_ids.tolist(), s) for rid, prompt, s in work if s.state is SampleState.IN_FLIGHT]
         t, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
         await asyncio.gather(*(
@@ -617,7 +591,9 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
         presave=dict(engine_start_s=a["engine_start_s"], precut_s=a["precut_s"], tokens_before_cut=a["tokens_before_cut"],
                      steady_tok_s=a["steady_tok_s"], steady_window_s=a["steady_window_s"], step_ms=a["step_ms"]),
         save=dict(pause_ms=1000 * a["pause_s"], freeze_ms=1000 * a["freeze_s"],
+                  stop_ms=1000 * a["stop_s"], stall_ms=1000 * (a["freeze_s"] - a["stop_s"]),
                   pause_in_decode_steps=(1000 * a["pause_s"] / a["step_ms"]) if a["step_ms"] else None,
+                  stall_in_decode_steps=(1000 * (a["freeze_s"] - a["stop_s"]) / a["step_ms"]) if a["step_ms"] else None,
                   save_s=a["save_s"], load_s=c["load_s"], snapshot_bytes=a["bytes"], in_flight_tokens=tokens_total,
                   sampler_state_bytes=sampler_bytes,
                   bytes_per_in_flight_token=a["bytes"] / tokens_total if tokens_total else None,
@@ -672,7 +648,8 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "regenerate_vs_continue_warm_median": med("regenerate", "warm_vs_continue"),
         "regenerate_vs_continue_warm_cpu_median": med("regenerate", "warm_cpu_vs_continue"),
         "pause_in_decode_steps_median": (save["pause_in_decode_steps"] or {}).get("median"),
-        "pause_within_one_decode_step": ((save["pause_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
+        "stall_in_decode_steps_median": (save["stall_in_decode_steps"] or {}).get("median"),
+        "stall_within_one_decode_step": ((save["stall_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
         "bytes_per_in_flight_token_excl_sampler_state_median": (save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median"),
         "bytes_per_token_target": TARGET_BYTES_PER_TOKEN,
         "bytes_per_token_met": ((save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median") or math.inf) <= TARGET_BYTES_PER_TOKEN,
@@ -726,14 +703,14 @@ def markdown(result: dict[str, Any]) -> str:
             f" | {fmt(r['vs_uninterrupted'])} | {fmt(r.get('cpu_s'))} ({fmt(r.get('cpu_vs_uninterrupted'))}) | {fmt(r.get('warm_s'))} ({fmt(r.get('warm_vs_uninterrupted'))}) | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
             f" | {fmt(r['useful_tok_s'], 0)} ({fmt(r['useful_vs_steady'])}) | {fmt(r['prompts_lost'])} |"
         )
-    lines += ["", "| in flight | mean prefix | pause ms | pause / decode step | save s | load s | bytes / in-flight token (excl. sampler state) | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
+    lines += ["", "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in result["points"]:
         s = p["summary"]
         sv = lambda k: (s["save"].get(k) or {}).get("median")  # noqa: E731
         c = s["modes"]["continue"]
         lines.append(
-            f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('pause_in_decode_steps'))} | {fmt(sv('save_s'), 3)}"
+            f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"
             f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))})"
             f" | {fmt((c['floor_s'] or {}).get('median'))} ({fmt((c.get('floor_steps') or {}).get('median'), 0)}) | {fmt((c['over_floor_s'] or {}).get('median'))}"
             f" | {fmt((s['modes']['regenerate'].get('steps_vs_continue') or {}).get('median'))}; {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))};"
@@ -793,9 +770,12 @@ DEFINITIONS = {
     "useful_vs_steady": "useful_tok_s over the pre-cut steady-state rate (all groups dispatched, full batch)",
     "vs_uninterrupted": "recovery_s over the uninterrupted mode's time for the same remainder",
     "prompts_lost": "prompt groups (in flight or pending) that never come back",
-    "pause_ms": "keep-mode pause + capture of the cut (ResumableEngine.pause_and_capture)",
-    "freeze_ms": "engine frozen: pause + capture + building the Snapshot object, until resume()",
+    "pause_ms": "keep-mode pause + capture of the cut (ResumableEngine.pause_and_capture), from the call until the cut is ready",
+    "stop_ms": "from the pause call until the engine stopped: it first finishes the step it is running, whose tokens are in the cut (Cut.stop_s)",
+    "freeze_ms": "from the pause call until resume() returned: pause + capture + building the Snapshot object + resume",
+    "stall_ms": "freeze_ms - stop_ms: the time the engine stood idle because of the save (the target: <= one decode step)",
     "pause_in_decode_steps": "pause_ms over the steady-state decode step time",
+    "stall_in_decode_steps": "stall_ms over the steady-state decode step time",
     "save_s": "save_snapshot wall time (fsync + atomic rename), overlapping generation in a thread",
     "load_s": "load_snapshot wall time, page cache evicted first (full checksum + validation)",
     "floor_s": "time to prefill every saved prompt+prefix alone (max_tokens=1, all together), on the regenerate engine after it finished and its prefix cache was emptied",
@@ -827,38 +807,46 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     vocab = json.loads((Path(model) / "config.json").read_text()).get("vocab_size")
     points_spec = [(n, L, args.reps if n * L < args.big_point else min(args.reps, args.big_reps))
                    for n in args.samples for L in args.prefix]
-    points_spec.sort(key=lambda p: p[0] * p[1])  # cheapest first: a deadline cuts the most expensive points
-    points = []
+    points_spec.sort(key=lambda p: p[0] * p[1])
+    workloads = {(n, L): build_workload(n, L, group_size=args.group_size, prompt_tokens=args.prompt_tokens,
+                                        max_model_len=args.max_model_len, vocab_size=vocab, seed=args.seed)
+                 for n, L, _ in points_spec}
+    results: dict[tuple[int, int], list[dict[str, Any]]] = {(n, L): [] for n, L, _ in points_spec}
     started = time.time()
+    # Rounds: every point's first repetition, then every point's second, and so on, so that a
+    # deadline costs repetitions evenly and never a whole sweep point.
     with tqdm(total=sum(r for _, _, r in points_spec) * 3, desc="resume bench", unit="phase", file=sys.stderr,
               dynamic_ncols=True) as bar:
-        for n, L, reps in points_spec:
-            groups = build_workload(n, L, group_size=args.group_size, prompt_tokens=args.prompt_tokens,
-                                    max_model_len=args.max_model_len, vocab_size=vocab, seed=args.seed)
-            bar.set_description(f"{n} in flight x {L} prefix")
-            results = []
-            if args.deadline and time.time() > args.deadline:
-                tqdm.write(f"deadline reached: {n}x{L} and later points skipped", file=sys.stderr)
+        for rep in range(max(r for _, _, r in points_spec)):
+            if rep and args.deadline and time.time() > args.deadline:
                 break
-            for rep in range(reps):
-                if args.deadline and time.time() > args.deadline and results:
-                    tqdm.write(f"deadline reached: {n}x{L} stops after {len(results)} reps", file=sys.stderr)
-                    bar.update(3 * (reps - rep))
+            for n, L in [(n, L) for n, L, reps in points_spec if rep < reps]:
+                if rep and args.deadline and time.time() > args.deadline:
+                    tqdm.write(f"deadline reached: no repetition {rep + 1} for {n}x{L} and later points", file=sys.stderr)
                     break
-                results.append(await one_rep(config, groups, rep, bar))
-                r = results[-1]
+                bar.set_description(f"rep {rep + 1}: {n} in flight x {L} prefix")
+                r = await one_rep(config, workloads[n, L], rep, bar)
+                results[n, L].append(r)
                 tqdm.write(
                     f"{n:>4} x {L:>5} rep {rep}: uninterrupted {r['modes']['uninterrupted']['recovery_s']:.2f}s"
                     f" continue {r['modes']['continue']['recovery_s']:.2f}s regenerate {r['modes']['regenerate']['recovery_s']:.2f}s"
                     f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']}", file=sys.stderr)
-            timelines = results[0].pop("timelines")
-            for r in results[1:]:
-                r.pop("timelines")
-            points.append(dict(num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=results,
-                               summary=summarize(results), timeline=timelines))
-            partial = assemble(args, config, points, started)
-            write(partial, args.out, plots=False)
-    return assemble(args, config, points, started)
+                write(assemble(args, config, collect(points_spec, results), started), args.out, plots=False)
+    return assemble(args, config, collect(points_spec, results), started)
+
+
+def collect(points_spec: list[tuple[int, int, int]], results: dict[tuple[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-point summaries of the repetitions run so far; the first repetition's timelines are kept."""
+    points = []
+    for n, L, reps in points_spec:
+        done = results[n, L]
+        if not done:
+            continue
+        timeline = done[0].get("timelines")
+        kept = [{k: v for k, v in r.items() if k != "timelines"} for r in done]
+        points.append(dict(num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=kept,
+                           summary=summarize(kept), timeline=timeline))
+    return points
 
 
 def assemble(args: argparse.Namespace, config: Any, points: list[dict[str, Any]], started: float) -> dict[str, Any]:
@@ -917,7 +905,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--big-point", type=int, default=256 * 2048,
                         help="points with samples x prefix >= this run at most --big-reps reps (default 524288)")
     parser.add_argument("--big-reps", type=int, default=1, help="reps for the biggest points (default 1)")
-    parser.add_argument("--deadline", type=float, default=None, help="unix time after which no new point or rep starts (a started point keeps >= 1 rep)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="unix time after which no further repetition starts (every point always gets its first)")
     parser.add_argument("--budget-min", type=float, default=None, help="sets --deadline to now + this many minutes")
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt group (default 4)")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 import warnings
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 
 from partial_rollout.engine import exactness
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
+from partial_rollout.engine.progress import StepCount, step_logger_factory
 from partial_rollout.engine.sampler_state import SAMPLER_STATE_ARG, encode_sampler_state
 from partial_rollout.engine.support import CaptureSupport, check_support
 from partial_rollout.errors import ConfigError
@@ -50,6 +52,10 @@ class Cut:
     """Every request submitted and not yet returned by :meth:`ResumableEngine.generate`, by request id."""
     pause_s: float = 0.0
     """Seconds from the pause request until the cut was ready (the engine stays paused until resume)."""
+    stop_s: float = 0.0
+    """Seconds from the pause request until the engine stopped: the step it was running finishes
+    first (its tokens are in the cut), so the engine idles only for ``pause_s - stop_s`` plus
+    whatever the caller does before :meth:`ResumableEngine.resume`."""
     engine_tokens: int = 0
     """Output tokens the engine's worker reported for the captured requests (checked equal to ours)."""
 
@@ -61,8 +67,10 @@ class _Live:
     sampling: SamplingSpec
     base: SampleRecord | None
     """The saved prefix this request continues, if it is a resume."""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    token_ids: array = field(default_factory=lambda: array("i"))
+    """Typed buffers (int32, float32), not lists: a cut copies them into numpy without a per-token
+    conversion, which keeps the engine's pause short when hundreds of long samples are in flight."""
+    logprobs: array = field(default_factory=lambda: array("f"))
     finished: SampleRecord | None = None
 
 
@@ -116,7 +124,10 @@ async def _warm_up(llm: Any) -> None:
 class ResumableEngine:
     """One vLLM engine whose in-flight requests survive a checkpoint. Build with :meth:`start`."""
 
-    def __init__(self, llm: Any, config: EngineConfig, support: CaptureSupport, policy_version: int) -> None:
+    def __init__(
+        self, llm: Any, config: EngineConfig, support: CaptureSupport, policy_version: int,
+        steps: StepCount | None = None,
+    ) -> None:
         self._llm = llm
         self._config = config
         self.support = support
@@ -126,18 +137,22 @@ class ResumableEngine:
         self._warned: set[str] = set()
         self.tokens_received = 0
         """Output tokens this engine has delivered since it started (a progress counter)."""
+        self.steps = steps
+        """Engine steps that produced outputs, when started with ``count_steps=True`` (else ``None``)."""
         tokenizer = llm.get_tokenizer()
         self._tokenizer = tokenizer
         self._eos_token_id: int | None = getattr(tokenizer, "eos_token_id", None)
 
     @classmethod
     async def start(
-        cls, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False
+        cls, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False, count_steps: bool = False,
     ) -> ResumableEngine:
         """Start the engine with the sampler-state extension and check what it supports.
 
         ``require_exact=True`` refuses to start where seeded samples could not continue exactly;
         otherwise such samples are marked ``inexact`` with the reason, and a warning says so once.
+        ``count_steps=True`` counts engine steps in :attr:`steps` (it turns on vLLM's per-step
+        statistics, a small cost per step, so it is off by default).
         """
         if config.worker_extension_cls not in (None, EXTENSION):
             raise ConfigError(
@@ -145,7 +160,8 @@ class ResumableEngine:
                 field="worker_extension_cls", fix="Leave it unset",
             )
         config = dataclasses.replace(config, worker_extension_cls=EXTENSION)
-        llm = make_async_engine(config)
+        steps = StepCount() if count_steps else None
+        llm = make_async_engine(config, stat_loggers=None if steps is None else [step_logger_factory(steps)])
         try:
             import vllm
 
@@ -163,7 +179,7 @@ class ResumableEngine:
         except BaseException:
             llm.shutdown()
             raise
-        return cls(llm, config, support, policy_version)
+        return cls(llm, config, support, policy_version, steps)
 
     @property
     def policy_version(self) -> int:
@@ -181,6 +197,15 @@ class ResumableEngine:
             vllm_version=vllm.__version__,
             model_path=str(model),
         )
+
+    def live_tokens(self) -> dict[str, int]:
+        """Tokens each running request has generated on this engine so far (a resumed prefix not counted)."""
+        return {rid: len(live.token_ids) for rid, live in self._live.items()}
+
+    async def reset_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (between measurements: the next prefill computes everything)."""
+        if not await self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache (requests still running?)")
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -256,8 +281,8 @@ class ResumableEngine:
 
     def _record(self, live: _Live, state: SampleState, n: int, versions: np.ndarray, **kw: Any) -> SampleRecord:
         """Stitch the saved prefix (if any) with the first ``n`` tokens this engine generated."""
-        tokens = np.asarray(live.token_ids[:n], dtype=np.int32)
-        logprobs = np.asarray(live.logprobs[:n], dtype=np.float32)
+        tokens = np.frombuffer(live.token_ids, dtype=np.int32, count=n).copy()
+        logprobs = np.frombuffer(live.logprobs, dtype=np.float32, count=n).copy()
         inexact = None
         if live.base is not None:
             tokens = np.concatenate([live.base.token_ids, tokens])
@@ -284,7 +309,8 @@ class ResumableEngine:
         if self._paused_at is not None:
             raise RuntimeError("pause_and_capture called twice without resume")
         started = time.perf_counter()
-        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        await self._pause()
+        stopped = time.perf_counter()
         self._paused_at = started
         try:
             per_worker = await self._llm.collective_rpc("partial_rollout_capture")
@@ -306,7 +332,21 @@ class ResumableEngine:
         except BaseException:
             await self.resume()
             raise
-        return Cut(samples=samples, pause_s=time.perf_counter() - started, engine_tokens=engine_tokens)
+        return Cut(samples=samples, pause_s=time.perf_counter() - started, stop_s=stopped - started,
+                   engine_tokens=engine_tokens)
+
+    async def _pause(self) -> None:
+        """Keep-mode pause of the scheduler: requests stay queued with their KV cache.
+
+        ``AsyncLLM.pause_generation`` adds a fixed 20 ms sleep so that outputs produced before the
+        pause reach their streams first; :meth:`_drain` waits for exactly those outputs, so the
+        capture asks the engine-core client directly and the freeze stays within about a step.
+        """
+        core = getattr(self._llm, "engine_core", None)
+        if core is not None and hasattr(core, "pause_scheduler_async"):
+            await core.pause_scheduler_async(mode="keep", clear_cache=False)
+        else:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
 
     async def resume(self) -> None:
         """Let generation continue after :meth:`pause_and_capture`."""

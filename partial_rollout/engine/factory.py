@@ -187,13 +187,16 @@ def _apply_multiprocessing(config: EngineConfig) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = wanted
 
 
-def make_async_engine(config: EngineConfig) -> AsyncLLM:
-    """Start an ``AsyncLLM``. Call it under ``if __name__ == "__main__":`` (vLLM spawns workers)."""
+def make_async_engine(config: EngineConfig, *, stat_loggers: list[Any] | None = None) -> AsyncLLM:
+    """Start an ``AsyncLLM``. Call it under ``if __name__ == "__main__":`` (vLLM spawns workers).
+
+    ``stat_loggers``: vLLM stat-logger factories, called once per engine step with its statistics.
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     _apply_multiprocessing(config)
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)), stat_loggers=stat_loggers)
 
 
 def make_offline_engine(config: EngineConfig) -> LLM:

@@ -1,0 +1,58 @@
+"""The adapter's progress counters on a real engine: live tokens per request, and engine steps.
+
+Benchmarks and trainers read these instead of the adapter's internals, so they must agree with
+what the engine actually did: a lone request makes one token per step, and a cut holds exactly
+the tokens the live counter showed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from partial_rollout.engine.adapter import ResumableEngine
+from partial_rollout.engine.factory import EngineConfig
+from partial_rollout.snapshot import SampleState, SamplingSpec
+
+pytestmark = pytest.mark.engine
+
+
+def test_steps_and_live_tokens_match_the_engine(loop_thread, tiny_llama: Path) -> None:
+    config = EngineConfig(model=str(tiny_llama), max_model_len=1024, multiprocessing=False)
+
+    async def run():
+        engine = await ResumableEngine.start(config, count_steps=True)
+        try:
+            assert engine.steps is not None and engine.steps.steps > 0  # the warm-up request ran
+            before = (engine.steps.steps, engine.steps.generation_tokens)
+            alone = await engine.generate("alone", [5, 6, 7], SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True))
+            lone = (engine.steps.steps - before[0], engine.steps.generation_tokens - before[1])
+
+            spec = SamplingSpec(max_tokens=400, temperature=1.0, seed=3, ignore_eos=True)
+            tasks = {rid: asyncio.ensure_future(engine.generate(rid, [9, 10 + i], spec)) for i, rid in enumerate(("a", "b"))}
+            while min(engine.live_tokens().get(rid, 0) for rid in tasks) < 10:
+                await asyncio.sleep(0.005)
+            cut = await engine.pause_and_capture()
+            frozen = engine.live_tokens()
+            await asyncio.sleep(0.05)
+            still = engine.live_tokens()
+            await engine.resume()
+            done = await asyncio.gather(*tasks.values())
+            after_done = engine.live_tokens()
+            await engine.reset_prefix_cache()
+            return alone, lone, cut, frozen, still, done, after_done
+        finally:
+            await engine.shutdown()
+
+    alone, (steps, generated), cut, frozen, still, done, after_done = loop_thread.run(run())
+    assert alone.num_tokens == 20
+    assert steps == 20 and generated == 20, "a lone request samples one token per engine step"
+    assert frozen == still, "nothing is generated while paused"
+    for rid in ("a", "b"):
+        record = cut.samples[rid]
+        assert record.state is SampleState.IN_FLIGHT
+        assert frozen[rid] == record.num_tokens >= 10
+    assert all(r.num_tokens == 400 for r in done)
+    assert after_done == {}, "finished requests leave the live counter"
