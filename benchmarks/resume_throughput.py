@@ -285,7 +285,7 @@ def bench_counters(groups: list[Group], cut: dict[str, SampleRecord]) -> dict[st
     }
 
 
-def build_snapshot(engine: Any, groups: list[Group], cut: dict[str, SampleRecord], counters: dict[str, int]) -> Snapshot:
+def build_snapshot(fingerprints: Any, groups: list[Group], cut: dict[str, SampleRecord], counters: dict[str, int]) -> Snapshot:
     records = []
     for g in groups:
         if g.pending:
@@ -297,7 +297,7 @@ def build_snapshot(engine: Any, groups: list[Group], cut: dict[str, SampleRecord
         state = GroupState.READY if all(s.state is SampleState.FINISHED for s in samples) else GroupState.IN_FLIGHT
         records.append(GroupRecord(group_id=g.group_id, prompt_token_ids=g.prompt, state=state, dispatch_version=0,
                                    samples=samples, data={"bench": "resume_throughput"}))
-    return Snapshot(trainer_step=1, policy_version=0, fingerprints=engine.fingerprints(), groups=records,
+    return Snapshot(trainer_step=1, policy_version=0, fingerprints=fingerprints, groups=records,
                     counters=counters, metadata={"bench": "resume_throughput"})
 
 
@@ -305,6 +305,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     """Engine A: staggered dispatch, the cut, the save, then the uninterrupted remainder in place."""
     engine, start_s = await start_engine(config)
     try:
+        fingerprints = engine.fingerprints()  # hashes files: a trainer does it once, not inside the pause
         tracker = Tracker(engine)
         steps = lambda: engine.steps.steps  # noqa: E731
         t0 = time.perf_counter()
@@ -339,7 +340,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
         tokens_at_cut = tracker.totals()[0]
         clock_at_cut = tracker.count(clock)
         counters = bench_counters(groups, cut.samples)
-        snapshot = build_snapshot(engine, groups, cut.samples, counters)
+        snapshot = build_snapshot(fingerprints, groups, cut.samples, counters)
         await engine.resume()
         t_resume, cpu_resume, steps_resume = time.perf_counter(), tree_cpu_s(), steps()
         for g in groups:  # an uninterrupted run dispatches the pending prompts too: same remaining work
@@ -464,6 +465,36 @@ async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
 # --- one repetition ------------------------------------------------------------------------------
 
 
+TOKEN_TENSORS = ("sample.tokens", "sample.logprobs", "sample.version_run_values", "sample.version_run_lengths")
+
+
+def size_breakdown(path: Path) -> dict[str, int]:
+    """Where a snapshot's bytes go, from its safetensors header: what grows per generated token and what does not."""
+    from partial_rollout.snapshot.container import read_header
+
+    header = read_header(path)
+    parts = dict(token_data=0, prompts=0, sampler_state=0, per_sample_fields=0, per_group_fields=0, other_tensors=0)
+    for name, entry in header.tensors.items():
+        size = entry.end - entry.start
+        if name in TOKEN_TENSORS:
+            parts["token_data"] += size
+        elif name == "group.prompt_tokens":
+            parts["prompts"] += size
+        elif name == "sample.sampler_state_bytes":
+            parts["sampler_state"] += size
+        elif name.startswith("sample."):
+            parts["per_sample_fields"] += size
+        elif name.startswith("group."):
+            parts["per_group_fields"] += size
+        else:
+            parts["other_tensors"] += size
+    tables = header.metadata.get("tables", "")
+    parts["header_sampling_tables"] = len(tables.encode())
+    parts["header_rest"] = header.data_start - parts["header_sampling_tables"]
+    assert sum(parts.values()) == header.file_size, (parts, header.file_size)
+    return parts
+
+
 def check(name: str, bench: Any, snapshot: Any, checks: dict[str, Any]) -> None:
     checks[name] = {"bench": bench, "snapshot": snapshot, "ok": bench == snapshot}
 
@@ -483,6 +514,7 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
             bar.update(1)
         c, b = out["continue"], out["regenerate"]
         file_bytes = a["path"].stat().st_size
+        sizes = size_breakdown(a["path"])
     saved: Snapshot = a["snapshot"]
     loaded: Snapshot = c["loaded"]
     counts = loaded.counts()
@@ -500,6 +532,7 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
     checks: dict[str, Any] = {}
     check("loaded_equals_saved", True, loaded == saved, checks)
     check("file_bytes", a["bytes"], file_bytes, checks)
+    check("sampler_state_bytes", sampler_bytes, sizes["sampler_state"], checks)
     check("samples_in_flight", ctr["bench_samples_in_flight"], counts["samples_in_flight"], checks)
     check("samples_in_flight_reported", len(in_flight), counts["samples_in_flight"], checks)
     check("samples_not_started", ctr["bench_samples_not_started"], counts["samples_not_started"], checks)
@@ -597,7 +630,9 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
                   save_s=a["save_s"], load_s=c["load_s"], snapshot_bytes=a["bytes"], in_flight_tokens=tokens_total,
                   sampler_state_bytes=sampler_bytes,
                   bytes_per_in_flight_token=a["bytes"] / tokens_total if tokens_total else None,
-                  bytes_per_in_flight_token_excl_sampler_state=(a["bytes"] - sampler_bytes) / tokens_total if tokens_total else None),
+                  bytes_per_in_flight_token_excl_sampler_state=(a["bytes"] - sampler_bytes) / tokens_total if tokens_total else None,
+                  token_data_bytes_per_token=sizes["token_data"] / counts["tokens"] if counts["tokens"] else None,
+                  **{f"bytes_{k}": v for k, v in sizes.items()}),
         floor=dict(floor_s=b["floor_s"], floor_cpu_s=b["floor_cpu_s"], floor_steps=b["floor_steps"], floor_prefill_tokens=b["floor_prefill_tokens"]),
         modes=modes,
         exact=dict(samples=len(ref), continue_equals_uninterrupted=int(same_continue),
@@ -703,7 +738,7 @@ def markdown(result: dict[str, Any]) -> str:
             f" | {fmt(r['vs_uninterrupted'])} | {fmt(r.get('cpu_s'))} ({fmt(r.get('cpu_vs_uninterrupted'))}) | {fmt(r.get('warm_s'))} ({fmt(r.get('warm_vs_uninterrupted'))}) | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
             f" | {fmt(r['useful_tok_s'], 0)} ({fmt(r['useful_vs_steady'])}) | {fmt(r['prompts_lost'])} |"
         )
-    lines += ["", "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
+    lines += ["", "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in result["points"]:
         s = p["summary"]
@@ -711,7 +746,7 @@ def markdown(result: dict[str, Any]) -> str:
         c = s["modes"]["continue"]
         lines.append(
             f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"
-            f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))})"
+            f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))}) [{fmt(sv('token_data_bytes_per_token'), 3)}]"
             f" | {fmt((c['floor_s'] or {}).get('median'))} ({fmt((c.get('floor_steps') or {}).get('median'), 0)}) | {fmt((c['over_floor_s'] or {}).get('median'))}"
             f" | {fmt((s['modes']['regenerate'].get('steps_vs_continue') or {}).get('median'))}; {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))};"
             f" {fmt((s['modes']['regenerate'].get('cpu_vs_continue') or {}).get('median'))};"
@@ -776,6 +811,8 @@ DEFINITIONS = {
     "stall_ms": "freeze_ms - stop_ms: the time the engine stood idle because of the save (the target: <= one decode step)",
     "pause_in_decode_steps": "pause_ms over the steady-state decode step time",
     "stall_in_decode_steps": "stall_ms over the steady-state decode step time",
+    "token_data_bytes_per_token": "bytes of the per-token tensors (token ids, logprobs, version runs) per stored token: the marginal cost of a generated token",
+    "bytes_*": "the snapshot file split by what the bytes hold (token_data, prompts, sampler_state, per-sample and per-group fields, the sampling-parameter tables in the header, the rest of the header); they add up to the file size. The workload gives every sample its own max_tokens (to shape the length distribution), so every sample has its own sampling-table entry; a trainer with one max_tokens has one",
     "save_s": "save_snapshot wall time (fsync + atomic rename), overlapping generation in a thread",
     "load_s": "load_snapshot wall time, page cache evicted first (full checksum + validation)",
     "floor_s": "time to prefill every saved prompt+prefix alone (max_tokens=1, all together), on the regenerate engine after it finished and its prefix cache was emptied",
