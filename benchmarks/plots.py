@@ -10,6 +10,9 @@
   (uninterrupted), after a restart from the saved prefixes (continue), and from scratch
   (regenerate). Solid: useful tokens/s (tokens not already in the snapshot); dotted: all tokens
   the engine generated (regenerate redoes the prefixes).
+- ``<prefix>_ratio.png``: what regenerating from scratch costs over continuing, against the mean
+  prefix length, one line per number of in-flight samples: decode tokens, engine steps, and warm
+  wall-clock time (medians).
 """
 
 from __future__ import annotations
@@ -125,12 +128,47 @@ def plot_timeline(result: dict[str, Any], path: Path, point: dict[str, Any] | No
     return path
 
 
+def plot_ratio(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("decode tokens", lambda m: _median(m["regenerate"], "decode_tokens") / _median(m["continue"], "decode_tokens")),
+        ("engine steps", lambda m: _median(m["regenerate"], "steps_vs_continue")),
+        ("wall time, warm engine", lambda m: _median(m["regenerate"], "warm_vs_continue")),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(13, 4))
+    for ax, (label, ratio) in zip(axes, panels):
+        for n in sorted({p["num_in_flight"] for p in result["points"]}):
+            pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
+            ax.plot([p["mean_prefix"] for p in pts], [ratio(p["summary"]["modes"]) for p in pts], marker="o", label=f"{n} in flight")
+        ax.axhline(1, color="black", lw=0.8)
+        ax.set_xscale("log", base=2)
+        xs = sorted({p["mean_prefix"] for p in result["points"]})
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("mean prefix length at the cut (tokens)")
+        ax.set_title(f"regenerate / continue: {label}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _median(mode: dict[str, Any], key: str) -> float:
+    return float((mode.get(key) or {}).get("median") or float("nan"))
+
+
 def plot_all(result: dict[str, Any], prefix: Path) -> list[Path]:
     if not result["points"]:
         return []
     return [
         plot_recovery(result, prefix.with_name(prefix.name + "_recovery.png")),
         plot_timeline(result, prefix.with_name(prefix.name + "_timeline.png")),
+        plot_ratio(result, prefix.with_name(prefix.name + "_ratio.png")),
     ]
 
 

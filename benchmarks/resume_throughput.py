@@ -71,7 +71,7 @@ On a GPU with a real model (Hugging Face folder, nothing is downloaded)::
         --out benchmarks/results/resume_gpu
 
 Writes ``<out>.json`` (machine, versions, config, every figure per repetition, medians and spread)
-and the plots ``<out>_recovery.png`` and ``<out>_timeline.png`` (see :mod:`benchmarks.plots`).
+and the plots ``<out>_recovery.png``, ``<out>_timeline.png`` and ``<out>_ratio.png`` (see :mod:`benchmarks.plots`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(out.with_name("bench.json").read_text())
-    for name in ("bench_recovery.png", "bench_timeline.png"):
+    for name in ("bench_recovery.png", "bench_timeline.png", "bench_ratio.png"):
         assert out.with_name(name).stat().st_size > 10_000
 
     assert result["consistency"]["passed"], result["consistency"]["failed"]
@@ -57,6 +57,14 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     for mode in ("uninterrupted", "regenerate", "continue"):
         assert modes[mode]["recovery_s"] > 0 and modes[mode]["steps"] > 0 and modes[mode]["cpu_s"] > 0
     assert modes["regenerate"]["warm_s"] > 0 and modes["continue"]["warm_s"] > 0
-    assert rep["save"]["snapshot_bytes"] > 0 and rep["save"]["load_s"] > 0 and rep["floor"]["floor_s"] > 0
+    save = rep["save"]
+    assert save["snapshot_bytes"] > 0 and save["load_s"] > 0 and rep["floor"]["floor_s"] > 0
+    parts = {k: save[f"bytes_{k}"] for k in ("token_data", "prompts", "sampler_state", "per_sample_fields",
+                                              "per_group_fields", "other_tensors", "header_sampling_tables", "header_rest")}
+    assert sum(parts.values()) == save["snapshot_bytes"], parts
+    assert parts["sampler_state"] == save["sampler_state_bytes"] > 0
+    assert 8.0 <= save["token_data_bytes_per_token"] < 9.0  # int32 token + float32 logprob, plus version runs
+    assert 0 <= save["stop_ms"] <= save["pause_ms"] <= save["freeze_ms"]
+    assert save["stall_ms"] == pytest.approx(save["freeze_ms"] - save["stop_ms"])
     for stat in point["summary"]["modes"]["continue"]["recovery_s"], point["summary"]["save"]["pause_ms"]:
         assert stat["min"] <= stat["median"] <= stat["max"]

@@ -104,7 +104,8 @@ class EnginePool:
         samples: dict[str, SampleRecord] = {}
         for cut in cuts:
             samples.update(cut.samples)
-        return Cut(samples=samples, pause_s=max(c.pause_s for c in cuts),
+        # The slowest engine's pause and the first engine's stop bound every engine's idle time.
+        return Cut(samples=samples, pause_s=max(c.pause_s for c in cuts), stop_s=min(c.stop_s for c in cuts),
                    engine_tokens=sum(c.engine_tokens for c in cuts))
 
     async def resume(self) -> None:
