@@ -336,11 +336,14 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
                 break
         t_cut = time.perf_counter()
         cut = await engine.pause_and_capture()
-        # Paused and drained: the live records hold exactly the captured tokens.
+        # Paused and drained: the live records hold exactly the captured tokens. A sample can
+        # finish while the pause waits for the step in progress (with hundreds of samples, the
+        # engine's output backlog too); the cut no longer has it, its finished record does.
+        at_cut = {**{rid: t.result() for rid, t in tasks.items() if t.done()}, **cut.samples}
         tokens_at_cut = tracker.totals()[0]
         clock_at_cut = tracker.count(clock)
-        counters = bench_counters(groups, cut.samples)
-        snapshot = build_snapshot(fingerprints, groups, cut.samples, counters)
+        counters = bench_counters(groups, at_cut)
+        snapshot = build_snapshot(fingerprints, groups, at_cut, counters)
         await engine.resume()
         t_resume, cpu_resume, steps_resume = time.perf_counter(), tree_cpu_s(), steps()
         for g in groups:  # an uninterrupted run dispatches the pending prompts too: same remaining work
