@@ -307,7 +307,6 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
     try:
         fingerprints = engine.fingerprints()  # hashes files: a trainer does it once, not inside the pause
         tracker = Tracker(engine)
-        steps = lambda: engine.steps.steps  # noqa: E731
         t0 = time.perf_counter()
         tracker.start_timeline(t0)
         dispatched = sorted((g for g in groups if not g.pending), key=lambda g: -g.prefix_target)
@@ -345,7 +344,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
         counters = bench_counters(groups, at_cut)
         snapshot = build_snapshot(fingerprints, groups, at_cut, counters)
         await engine.resume()
-        t_resume, cpu_resume, steps_resume = time.perf_counter(), tree_cpu_s(), steps()
+        t_resume, cpu_resume, steps_resume = time.perf_counter(), tree_cpu_s(), engine.steps.steps
         for g in groups:  # an uninterrupted run dispatches the pending prompts too: same remaining work
             if g.pending:
                 launch(g)
@@ -358,7 +357,7 @@ async def phase_presave(config: Any, groups: list[Group], folder: Path) -> dict[
 
         size, save_s = await asyncio.to_thread(save)
         finished = dict(zip(tasks, await asyncio.gather(*tasks.values())))
-        t_end, cpu_end, steps_end = time.perf_counter(), tree_cpu_s(), steps()
+        t_end, cpu_end, steps_end = time.perf_counter(), tree_cpu_s(), engine.steps.steps
         await tracker.stop_timeline()
     finally:
         await engine.shutdown()
@@ -411,11 +410,10 @@ async def phase_continue(config: Any, path: Path) -> dict[str, Any]:
         load_s = time.perf_counter() - t
         work = recovered(snapshot)
         tracker = Tracker(engine)
-        steps = lambda: engine.steps.steps  # noqa: E731
-        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
+        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), engine.steps.steps
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling, resume_from=s) for rid, prompt, s in work))
-        continue_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, steps() - steps0
+        continue_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, engine.steps.steps - steps0
         await tracker.stop_timeline()
         decode, useful = tracker.totals()
         warm_s, warm_cpu_s = await warm_rerun(engine, work, resume=True)
@@ -439,23 +437,22 @@ async def phase_regenerate(config: Any, path: Path) -> dict[str, Any]:
         snapshot = load_snapshot(path)  # the legacy path re-dispatches the same prompts from its loader
         work = recovered(snapshot)
         tracker = Tracker(engine, redo={rid: s.num_tokens for rid, _, s in work})
-        steps = lambda: engine.steps.steps  # noqa: E731
-        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
+        t0, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), engine.steps.steps
         tracker.start_timeline(t0)
         records = await asyncio.gather(*(tracker.generate(rid, prompt, s.sampling) for rid, prompt, s in work))
-        regenerate_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, steps() - steps0
+        regenerate_s, cpu_s, n_steps = time.perf_counter() - t0, tree_cpu_s() - cpu0, engine.steps.steps - steps0
         await tracker.stop_timeline()
         decode, useful = tracker.totals()
         warm_s, warm_cpu_s = await warm_rerun(engine, work, resume=False)
 
         await engine.reset_prefix_cache()
         floor = [(rid, prompt + s.token_ids.tolist(), s) for rid, prompt, s in work if s.state is SampleState.IN_FLIGHT]
-        t, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), steps()
+        t, cpu0, steps0 = time.perf_counter(), tree_cpu_s(), engine.steps.steps
         await asyncio.gather(*(
             engine.generate(f"floor/{rid}", ids, SamplingSpec(max_tokens=1, temperature=1.0, seed=s.sampling.seed, ignore_eos=True))
             for rid, ids, s in floor
         ))
-        floor_s, floor_cpu_s, floor_steps = time.perf_counter() - t, tree_cpu_s() - cpu0, steps() - steps0
+        floor_s, floor_cpu_s, floor_steps = time.perf_counter() - t, tree_cpu_s() - cpu0, engine.steps.steps - steps0
     finally:
         await engine.shutdown()
     return dict(engine_start_s=start_s, floor_s=floor_s, floor_cpu_s=floor_cpu_s, floor_steps=floor_steps, steps=n_steps,
@@ -614,6 +611,7 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
         modes[name]["warm_cpu_vs_uninterrupted"] = m["warm_cpu_s"] / a["uninterrupted_cpu_s"] if a["uninterrupted_cpu_s"] > 0 else None
 
     tokens_total = prefix_tokens
+    stall_ms = 1000 * (a["freeze_s"] - a["stop_s"])  # the engine stood idle from its stop until resume()
     return dict(
         rep=rep,
         wall_s=time.perf_counter() - wall_start,
@@ -627,9 +625,9 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
         presave=dict(engine_start_s=a["engine_start_s"], precut_s=a["precut_s"], tokens_before_cut=a["tokens_before_cut"],
                      steady_tok_s=a["steady_tok_s"], steady_window_s=a["steady_window_s"], step_ms=a["step_ms"]),
         save=dict(pause_ms=1000 * a["pause_s"], freeze_ms=1000 * a["freeze_s"],
-                  stop_ms=1000 * a["stop_s"], stall_ms=1000 * (a["freeze_s"] - a["stop_s"]),
+                  stop_ms=1000 * a["stop_s"], stall_ms=stall_ms,
                   pause_in_decode_steps=(1000 * a["pause_s"] / a["step_ms"]) if a["step_ms"] else None,
-                  stall_in_decode_steps=(1000 * (a["freeze_s"] - a["stop_s"]) / a["step_ms"]) if a["step_ms"] else None,
+                  stall_in_decode_steps=stall_ms / a["step_ms"] if a["step_ms"] else None,
                   save_s=a["save_s"], load_s=c["load_s"], snapshot_bytes=a["bytes"], in_flight_tokens=tokens_total,
                   sampler_state_bytes=sampler_bytes,
                   bytes_per_in_flight_token=a["bytes"] / tokens_total if tokens_total else None,
