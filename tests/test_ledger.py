@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from partial_rollout.ledger import AuditError, EventLog, WorkLedger, audit, read_events, request_id
-from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec
+from partial_rollout.errors import BadInputError, PartialRolloutError, SnapshotError
+from partial_rollout.ledger import TRAIN_STEP, AuditError, EventKind, EventLog, WorkLedger, audit, read_events, request_id
+from partial_rollout.ledger.ledger import STATE_VERSION, VERSION_KEY
+from partial_rollout.snapshot import (
+    SNAPSHOT_FILENAME,
+    Fingerprints,
+    GroupState,
+    SampleRecord,
+    SampleState,
+    SamplingSpec,
+    save_snapshot,
+)
 
 SPEC = SamplingSpec(max_tokens=8, seed=1)
 FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_version="0.32.0")
@@ -66,7 +77,8 @@ def test_capture_merges_engine_view_and_unknown_requests_restart(tmp_path: Path)
     assert samples[2].state is SampleState.NOT_STARTED
 
 
-def test_state_dict_round_trip_and_snapshot_save_load(tmp_path: Path) -> None:
+def busy_ledger(tmp_path: Path) -> WorkLedger:
+    """A ready group, an in-flight one with a 5-token prefix captured, a pending one, and an eviction."""
     ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
     run_group(ledger, "ready")
     ledger.yield_group("pending", [0, 5], [SPEC])
@@ -75,12 +87,30 @@ def test_state_dict_round_trip_and_snapshot_save_load(tmp_path: Path) -> None:
     ledger.capture({request_id("flying", 0): in_flight(5)})
     ledger.evict("pending", reason="too_stale")
     ledger.yield_group("pending2", [0, 5], [SPEC])
+    return ledger
 
-    copy = WorkLedger()
-    copy.load_state_dict(ledger.state_dict())
-    assert copy.state_dict() == ledger.state_dict()
-    assert [g.group_id for g in copy.groups()] == ["ready", "flying", "pending2"]
 
+def test_state_dict_is_a_small_manifest_without_tokens(tmp_path: Path) -> None:
+    ledger = busy_ledger(tmp_path)
+    for i in range(100):  # many long prompts must not grow the manifest
+        ledger.yield_group(f"long{i}", np.arange(1000) % 500, [SPEC])
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    manifest = ledger.state_dict()
+    assert manifest == {
+        "version": STATE_VERSION,
+        "counters": {"yielded": 104, "dispatched": 2, "finished": 2, "consumed": 0, "evicted": 1},
+        "evicted_by_reason": {"too_stale": 1},
+        "last_save_id": ledger.last_save_id,
+        "snapshot_file": SNAPSHOT_FILENAME,
+    }
+    assert ledger.last_save_id.startswith("step4-") and (folder / manifest["snapshot_file"]).is_file()
+    assert len(json.dumps(manifest)) < 400  # JSON-native and small: no group, no token
+
+
+def test_save_and_load_restore_the_groups_from_the_snapshot(tmp_path: Path) -> None:
+    ledger = busy_ledger(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
     snap = ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state={"cursor": 3})
@@ -88,7 +118,10 @@ def test_state_dict_round_trip_and_snapshot_save_load(tmp_path: Path) -> None:
     loaded = restored.load(folder, expect=FP)
     assert loaded == snap and loaded.loader_state == {"cursor": 3}
     assert restored.state_dict() == ledger.state_dict()
-    assert restored.last_save_id == ledger.last_save_id and restored.evicted_by_reason == {"too_stale": 1}
+    assert [g.group_id for g in restored.groups()] == ["ready", "flying", "pending2"]
+    for group in ledger.groups():
+        assert restored[group.group_id] == group  # tokens, logprobs, versions, states: all from the snapshot
+    assert restored["flying"].samples[0].num_tokens == 5
     save = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save"][0]
     assert save["samples_in_flight"] == 1 and save["prefix_tokens"] == 5
     assert save["groups"] == {"pending": 1, "in_flight": 1, "ready": 1}
@@ -97,6 +130,56 @@ def test_state_dict_round_trip_and_snapshot_save_load(tmp_path: Path) -> None:
     ready_only.mkdir()
     ledger.save(ready_only, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states={GroupState.READY})
     assert [g.group_id for g in WorkLedger().load(ready_only).groups] == ["ready"]
+
+
+def test_load_state_dict_restores_the_manifest_and_leaves_groups_to_load(tmp_path: Path) -> None:
+    ledger = busy_ledger(tmp_path)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    manifest = json.loads(json.dumps(ledger.state_dict()))  # as a trainer would store it
+    copy = WorkLedger()
+    copy.yield_group("stale", [0, 1], [SPEC])
+    copy.load_state_dict(manifest)
+    assert copy.state_dict() == ledger.state_dict() and len(copy) == 0
+    copy.load(folder)
+    assert copy.state_dict() == ledger.state_dict() and len(copy) == len(ledger)
+
+
+def test_load_state_dict_rejects_another_version_or_a_bad_field(tmp_path: Path) -> None:
+    ledger = busy_ledger(tmp_path)
+    good = ledger.state_dict()
+    version_1 = {**good, "version": 1, "groups": []}
+    copy = WorkLedger()
+    with pytest.raises(BadInputError, match=rf"ledger state\.version: version 1, expected {STATE_VERSION}\. "):
+        copy.load_state_dict(version_1)
+    with pytest.raises(BadInputError, match=r"ledger state\.version: version None"):
+        copy.load_state_dict({k: v for k, v in good.items() if k != VERSION_KEY})
+    with pytest.raises(BadInputError, match=r"ledger state: missing keys \['snapshot_file'\], unknown keys \[\]"):
+        copy.load_state_dict({k: v for k, v in good.items() if k != "snapshot_file"})
+    with pytest.raises(BadInputError, match=r"ledger state\.counters: must count exactly"):
+        copy.load_state_dict({**good, "counters": {**good["counters"], "yielded": -1}})
+    with pytest.raises(BadInputError, match=r"ledger state\.last_save_id: must be a string or null"):
+        copy.load_state_dict({**good, "last_save_id": 7})
+    assert copy.state_dict() == WorkLedger().state_dict()  # nothing was half-adopted
+
+
+def test_load_refuses_a_snapshot_whose_manifest_is_not_the_ledgers(tmp_path: Path) -> None:
+    ledger = busy_ledger(tmp_path)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None,
+                metadata={"ledger": {"version": 1}})  # a trainer extra may not shadow the manifest: it is overwritten
+    WorkLedger().load(folder)
+    snapshot = ledger.to_snapshot(trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    snapshot.metadata["ledger"] = {**snapshot.metadata["ledger"], "version": 1}
+    save_snapshot(snapshot, folder)
+    with pytest.raises(SnapshotError, match=rf"{SNAPSHOT_FILENAME}: metadata\.ledger\.version: version 1, expected 2"):
+        WorkLedger().load(folder)
+    del snapshot.metadata["ledger"]
+    save_snapshot(snapshot, folder)
+    with pytest.raises(SnapshotError, match=r"metadata\.ledger: missing: not written by WorkLedger"):
+        WorkLedger().load(folder)
 
 
 def test_event_log_survives_a_torn_last_line(tmp_path: Path) -> None:
@@ -112,7 +195,13 @@ def test_event_log_survives_a_torn_last_line(tmp_path: Path) -> None:
     log.close()
     assert [(e["seq"], e["prompt"]) for e in read_events(path)] == [(0, "a"), (1, "b")]
     path.write_bytes(b'{"event":"yield"}\nnot json\n{"event":"yield"}\n')
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
+    with pytest.raises(BadInputError, match=rf"{path}: line 2: not JSON .*only the last line may be torn"):
+        list(read_events(path))
+    path.write_bytes(b'{"event":"yield"}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    with pytest.raises(BadInputError, match=rf"{path}: line 2: not JSON"):
+        list(read_events(path))
+    path.write_bytes(b'{"event":"yield"}\n{"event":3}\n')
+    with pytest.raises(BadInputError, match="line 2: not an event object"):
         list(read_events(path))
 
 
@@ -190,11 +279,44 @@ def test_audit_counts_real_duplicates_and_rejects_unknown_saves(tmp_path: Path) 
     path = tmp_path / "events.jsonl"
     ledger = WorkLedger(EventLog(path, fresh=True))
     run_group(ledger, "a", step=1)
-    ledger.events.append("consume", prompt="a", step=2)  # a buggy trainer trains it again
+    ledger.events.append(EventKind.CONSUME, prompt="a", step=2)  # a buggy trainer trains it again
     assert audit(path).duplicated_ids == ["a"]
-    ledger.events.append("resume", save_id="step9-nowhere")
-    with pytest.raises(AuditError, match="does not hold"):
+    ledger.events.append(EventKind.RESUME, save_id="step9-nowhere")
+    with pytest.raises(AuditError, match=rf"{path}: event 7: resume from save 'step9-nowhere', which the log does not hold"):
         audit(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"seq":1,"event":"consume","prompt":"b","step":1}', r"event 1: consume of 'b', which was never yielded"),
+        ('{"seq":1,"event":"yield","prompt":["a"]}', r"line 2: a yield event needs 'prompt' of type str, got \['a'\]"),
+        ('{"event":"yield","prompt":"a"}', r"line 2: the event has no integer 'seq'"),
+        ('{"seq":1,"event":"end","step":1,"outstanding":[1]}', r"line 2: 'outstanding' must list prompt ids"),
+        ('{"seq":1,"event":"finish","prompt":"a","tokens":"many"}', r"line 2: 'tokens' must be a token count"),
+    ],
+)
+def test_audit_names_the_file_and_event_of_a_log_it_cannot_read(tmp_path: Path, line: str, message: str) -> None:
+    """Every audit error is a user-input error (the CLI prints one line and exits 3), never a KeyError or TypeError."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"seq":0,"event":"yield","prompt":"a"}\n' + line + "\n")
+    with pytest.raises(AuditError, match=rf"{path}: {message}") as info:
+        audit(path)
+    assert isinstance(info.value, PartialRolloutError)
+
+
+def test_event_kinds_are_the_strings_logs_hold(tmp_path: Path) -> None:
+    """``events.jsonl`` files exist: the kinds are plain strings in them and compare equal to the constants."""
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    ledger.record_start()
+    ledger.log(TRAIN_STEP, step=1, reward=0.5)
+    raw = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in raw] == ["start", "log"] and raw[1]["kind"] == "train_step"
+    assert [e["event"] for e in read_events(tmp_path / "events.jsonl")] == [EventKind.START, EventKind.LOG]
+    assert {k.value for k in EventKind} == {
+        "start", "yield", "dispatch", "finish", "ready", "consume", "evict", "regenerate", "save", "resume", "end", "log",
+    }
+    assert audit(tmp_path / "events.jsonl").steps[0]["reward"] == 0.5
 
 
 def test_audit_across_repeated_kills_and_a_save_that_never_committed(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from partial_rollout.ledger import EVENTS_FILENAME, read_events
+from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventKind, read_events
 
 POLL_S = 0.05
 
@@ -92,9 +92,9 @@ def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | N
                     continue
                 if after_save is not None:
                     after_save += 1
-                if on_step and event["event"] == "log" and event.get("kind") == "train_step":
+                if on_step and event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP:
                     on_step(event["step"])
-                if plan and after_save is None and event["event"] == "save" and event["step"] == plan.after_save_step:
+                if plan and after_save is None and event["event"] == EventKind.SAVE and event["step"] == plan.after_save_step:
                     after_save = 0
             if plan and after_save is not None and after_save >= plan.after_events:
                 child.send_signal(signal.SIGKILL)

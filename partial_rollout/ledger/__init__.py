@@ -14,13 +14,15 @@
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
-from partial_rollout.ledger.events import EVENTS_FILENAME, EventLog, read_events
+from partial_rollout.ledger.events import EVENTS_FILENAME, TRAIN_STEP, EventKind, EventLog, read_events
 from partial_rollout.ledger.ledger import WorkLedger, request_id
 
 __all__ = [
     "EVENTS_FILENAME",
+    "TRAIN_STEP",
     "AuditError",
     "AuditReport",
+    "EventKind",
     "EventLog",
     "WorkLedger",
     "audit",

@@ -31,11 +31,29 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from partial_rollout.ledger.events import read_events
+from partial_rollout.errors import BadInputError
+from partial_rollout.ledger.events import TRAIN_STEP, EventKind, read_numbered_events
 
 
-class AuditError(ValueError):
-    """The log contradicts itself (a resume from a save it does not hold, a consume of an unknown prompt)."""
+class AuditError(BadInputError):
+    """The log cannot be audited: it contradicts itself, or an event lacks a field the audit reads.
+
+    For example a resume from a save the log does not hold, or a consume of a prompt never yielded.
+    The message names the file and the event (``event <seq>``) or its line.
+    """
+
+
+_REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
+    EventKind.YIELD: {"prompt": str},
+    EventKind.CONSUME: {"prompt": str},
+    EventKind.EVICT: {"prompt": str, "reason": str},
+    EventKind.SAVE: {"save_id": str},
+    EventKind.RESUME: {"save_id": (str, type(None))},
+    EventKind.END: {"outstanding": list},
+}
+"""Fields the audit reads with ``event[...]``, by kind (others are read with a default)."""
+_COUNTS = ("tokens", "prefix_tokens", "discarded_tokens")
+"""Token counts the audit adds up, where an event has them."""
 
 
 @dataclass(kw_only=True)
@@ -68,8 +86,14 @@ class AuditReport:
         return dataclasses.asdict(self)
 
 
-def effective_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def effective_timeline(
+    events: list[dict[str, Any]], *, path: str | os.PathLike[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Replay ``events`` into the effective timeline; returns it and one record per resume event.
+
+    Args:
+        events: the log's events, in order (:func:`~partial_rollout.ledger.read_events`).
+        path: the log they were read from, named in errors.
 
     Raises:
         AuditError: a ``resume`` names a save that is not on the effective timeline.
@@ -78,19 +102,22 @@ def effective_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any
     resumes: list[dict[str, Any]] = []
     for event in events:
         kind = event["event"]
-        if kind == "start":
+        if kind == EventKind.START:
             timeline = [event]
             continue
-        if kind == "resume":
+        if kind == EventKind.RESUME:
             save_id = event.get("save_id")
             if save_id is None:
                 rolled, timeline = timeline, [event]
                 resumes.append({"save_id": None, "event": event, "rolled_back": rolled, "save": None})
                 continue
             at = next((i for i in range(len(timeline) - 1, -1, -1)
-                       if timeline[i]["event"] == "save" and timeline[i].get("save_id") == save_id), None)
+                       if timeline[i]["event"] == EventKind.SAVE and timeline[i].get("save_id") == save_id), None)
             if at is None:
-                raise AuditError(f"event {event['seq']}: resume from save {save_id!r}, which the log does not hold")
+                raise AuditError(
+                    f"resume from save {save_id!r}, which the log does not hold before it", path=path,
+                    field=_where(event), fix="A resume must follow the save event of the checkpoint it loaded.",
+                )
             rolled = timeline[at + 1:]
             timeline = [*timeline[: at + 1], event]
             resumes.append({"save_id": save_id, "event": event, "rolled_back": rolled, "save": timeline[at]})
@@ -100,11 +127,21 @@ def effective_timeline(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any
 
 
 def audit(path: str | os.PathLike[str]) -> AuditReport:
-    """Audit the event log at ``path`` (see the module docstring for the definitions)."""
-    timeline, resumes = effective_timeline(list(read_events(path)))
+    """Audit the event log at ``path`` (see the module docstring for the definitions).
+
+    Raises:
+        BadInputError: a line of the log is damaged (not a JSON event object).
+        AuditError: an event lacks a field the audit needs, or the log contradicts itself.
+    """
+    events = []
+    for line, event in read_numbered_events(path):
+        _check_fields(event, path=path, line=line)
+        events.append(event)
+    timeline, resumes = effective_timeline(events, path=path)
     # Work rolled back by any resume was done and thrown away, even if a later resume discards that resume too.
     tokens_regenerated = sum(
-        e.get("tokens", 0) - e.get("prefix_tokens", 0) for r in resumes for e in r["rolled_back"] if e["event"] == "finish"
+        e.get("tokens", 0) - e.get("prefix_tokens", 0)
+        for r in resumes for e in r["rolled_back"] if e["event"] == EventKind.FINISH
     )
     yields: Counter[str] = Counter()
     consumes: Counter[str] = Counter()
@@ -121,24 +158,24 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
         if position in resume_starts:
             outstanding_at[position] = set(outstanding)
         kind, prompt = event["event"], event.get("prompt")
-        if kind == "yield":
+        if kind == EventKind.YIELD:
             yields[prompt] += 1
             outstanding.add(prompt)
-        elif kind in ("consume", "evict"):
+        elif kind in (EventKind.CONSUME, EventKind.EVICT):
             if prompt not in yields:
-                raise AuditError(f"event {event['seq']}: {kind} of {prompt!r}, which was never yielded")
+                raise AuditError(f"{kind} of {prompt!r}, which was never yielded", path=path, field=_where(event))
             outstanding.discard(prompt)
-            if kind == "consume":
+            if kind == EventKind.CONSUME:
                 consumes[prompt] += 1
             else:
-                evicted[prompt] = event.get("reason", "unknown")
-        elif kind == "finish":
+                evicted[prompt] = event["reason"]
+        elif kind == EventKind.FINISH:
             tokens_continued += event.get("prefix_tokens", 0)
-        elif kind == "regenerate":
+        elif kind == EventKind.REGENERATE:
             tokens_regenerated += event.get("discarded_tokens", 0)
-        elif kind == "end":
+        elif kind == EventKind.END:
             end = event
-        elif kind == "log" and event.get("kind") == "train_step":
+        elif kind == EventKind.LOG and event.get("kind") == TRAIN_STEP:
             steps.append({k: v for k, v in event.items() if k not in ("seq", "pid", "event", "kind")})
     at_end = set(end["outstanding"]) if end is not None else set()
     unaccounted = sorted(set(yields) - set(consumes) - set(evicted) - at_end)
@@ -164,7 +201,7 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
             "lost": len(lost_here),
             "lost_ids": lost_here,
             "rolled_back_events": len(rolled),
-            "rolled_back_consumes": sum(e["event"] == "consume" for e in rolled),
+            "rolled_back_consumes": sum(e["event"] == EventKind.CONSUME for e in rolled),
         })
     return AuditReport(
         complete=end is not None,
@@ -183,3 +220,26 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
         tokens_regenerated=tokens_regenerated,
         steps=steps,
     )
+
+
+def _check_fields(event: dict[str, Any], *, path: str | os.PathLike[str], line: int) -> None:
+    """Refuse an event the audit cannot read: a missing ``seq``, or a field of the wrong type."""
+    if type(event.get("seq")) is not int:
+        raise AuditError("the event has no integer 'seq'", path=path, field=f"line {line}")
+    for name, expected in _REQUIRED.get(event["event"], {}).items():
+        if not isinstance(event.get(name), expected):
+            what = f"a {event['event']} event needs {name!r} of type {_names(expected)}, got {event.get(name)!r}"
+            raise AuditError(what, path=path, field=f"line {line}")
+    if event["event"] == EventKind.END and not all(isinstance(p, str) for p in event["outstanding"]):
+        raise AuditError("'outstanding' must list prompt ids (strings)", path=path, field=f"line {line}")
+    for name in _COUNTS:
+        if name in event and (type(event[name]) is not int or event[name] < 0):
+            raise AuditError(f"{name!r} must be a token count, got {event[name]!r}", path=path, field=f"line {line}")
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+
+
+def _where(event: dict[str, Any]) -> str:
+    return f"event {event.get('seq', '?')}"

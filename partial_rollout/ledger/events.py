@@ -8,12 +8,13 @@ next process never glues its first event onto a fragment. ``save`` events are al
 checkpoint they describe is fsynced too, and the two must survive a power loss together.
 
 Every event has ``seq`` (position in this file), ``time`` (Unix seconds), ``pid`` (the writing
-process) and ``event`` (its kind); the other fields depend on the kind (see
+process) and ``event`` (its kind, an :class:`EventKind`); the other fields depend on the kind (see
 :mod:`partial_rollout.ledger.ledger`).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -21,8 +22,47 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from partial_rollout.errors import BadInputError
+
 EVENTS_FILENAME = "events.jsonl"
 """Name of the event log in a run folder."""
+
+
+class EventKind(enum.StrEnum):
+    """The ``event`` field of a log line: shared by the ledger that writes it and everyone who reads it.
+
+    The values are what existing ``events.jsonl`` files hold: never change one.
+    """
+
+    START = "start"
+    """A fresh run: an audit forgets everything logged before it."""
+    YIELD = "yield"
+    """The loader yielded a prompt (``prompt``)."""
+    DISPATCH = "dispatch"
+    """A pending group went to the engine (``prompt``, ``version``)."""
+    FINISH = "finish"
+    """One sample finished (``prompt``, ``sample``, ``tokens``, ``prefix_tokens``, ``reward``)."""
+    READY = "ready"
+    """Every sample of a group finished (``prompt``)."""
+    CONSUME = "consume"
+    """Training step ``step`` consumed a group (``prompt``)."""
+    EVICT = "evict"
+    """A group was dropped on purpose (``prompt``, ``reason``, ``state``)."""
+    REGENERATE = "regenerate"
+    """A group's tokens were discarded and it is pending again (``prompt``, ``reason``, ``discarded_tokens``)."""
+    SAVE = "save"
+    """A checkpoint's cut (``save_id``, ``step``, what was outstanding and what was saved)."""
+    RESUME = "resume"
+    """A process resumed from the save ``save_id`` (None: from nothing saved)."""
+    END = "end"
+    """The run reached its end (``step``, the ``outstanding`` group ids)."""
+    LOG = "log"
+    """A trainer event of some ``kind`` (e.g. :data:`TRAIN_STEP`) with its own fields."""
+
+
+TRAIN_STEP = "train_step"
+"""``kind`` of the :attr:`EventKind.LOG` event a trainer writes per training step (``step``, metrics):
+the audit's reward curve, and the kill harness's measure of progress."""
 
 
 class EventLog:
@@ -42,13 +82,13 @@ class EventLog:
         self._seq = sum(1 for _ in read_events(self.path))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
-    def append(self, event: str, *, durable: bool = False, **fields: Any) -> dict[str, Any]:
+    def append(self, event: EventKind, *, durable: bool = False, **fields: Any) -> dict[str, Any]:
         """Write one event and flush it; ``durable=True`` also fsyncs the file.
 
         Returns:
             The event as written.
         """
-        record = {"seq": self._seq, "time": round(time.time(), 6), "pid": os.getpid(), "event": event, **fields}
+        record = {"seq": self._seq, "time": round(time.time(), 6), "pid": os.getpid(), "event": str(event), **fields}
         self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
         self._file.flush()
         if durable:
@@ -68,9 +108,15 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The events of a log, in order; a torn (unterminated or unparsable) last line is skipped.
 
     Raises:
-        ValueError: a line other than the last one is not a JSON object, which a kill cannot
-            cause: the file was damaged some other way.
+        BadInputError: a line other than the last one is not a JSON object with a string
+            ``event``, which a kill cannot cause: the file was damaged some other way.
     """
+    for _, record in read_numbered_events(path):
+        yield record
+
+
+def read_numbered_events(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_events` with each event's line number (from 1), for messages that point into the file."""
     path = Path(path)
     if not path.exists():
         return
@@ -82,11 +128,12 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {number} is not JSON ({exc}); only the last line may be torn by a kill") from None
-        if not isinstance(record, dict) or "event" not in record:
-            raise ValueError(f"{path}: line {number} is not an event object")
-        yield record
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+            what = f"not JSON ({exc}); only the last line may be torn by a kill"
+            raise BadInputError(what, path=path, field=f"line {number}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            raise BadInputError("not an event object (a JSON object with a string 'event')", path=path, field=f"line {number}")
+        yield number, record
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -18,9 +18,12 @@ Plus run-level events: ``start`` (a fresh run), ``save`` (a checkpoint's cut, wi
 and trainer metrics (``log``). :func:`partial_rollout.ledger.audit.audit` turns them into lost and
 duplicated counts.
 
-The checkpointing side follows the ``Stateful`` protocol (:meth:`WorkLedger.state_dict` /
-:meth:`WorkLedger.load_state_dict`, JSON-native) and also saves itself as a snapshot file in a
-checkpoint folder (:meth:`WorkLedger.save` / :meth:`WorkLedger.load`).
+**Checkpointing.** The outstanding groups and their tokens persist one way only: as the snapshot
+file :meth:`WorkLedger.save` writes into a checkpoint folder and :meth:`WorkLedger.load` reads
+back. :meth:`WorkLedger.state_dict` / :meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful``
+protocol) carry only a small JSON manifest: counters, evictions by reason, the last save id, and
+the name of the snapshot file that holds the groups. The snapshot embeds the same manifest in its
+``metadata``, so ``load`` alone restores everything.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from partial_rollout.ledger.events import EventLog
+from partial_rollout.errors import BadInputError, SnapshotError
+from partial_rollout.ledger.events import EventKind, EventLog
 from partial_rollout.snapshot import (
     Fingerprints,
     GroupRecord,
@@ -41,14 +45,30 @@ from partial_rollout.snapshot import (
     SampleState,
     SamplingSpec,
     Snapshot,
+    find_snapshot,
     load_snapshot,
     save_snapshot,
+    snapshot_path,
 )
 
-STATE_VERSION = 1
-"""Version of :meth:`WorkLedger.state_dict`'s layout."""
+STATE_VERSION = 2
+"""Version of the manifest :meth:`WorkLedger.state_dict` returns. Version 1 also held every group
+and token as JSON lists; since 2 they live only in the snapshot file."""
+VERSION_KEY = "version"
+"""Manifest key: :data:`STATE_VERSION` of the code that wrote it."""
+COUNTERS_KEY = "counters"
+"""Manifest key: :attr:`WorkLedger.counters`."""
+EVICTED_BY_REASON_KEY = "evicted_by_reason"
+"""Manifest key: :attr:`WorkLedger.evicted_by_reason`."""
+LAST_SAVE_ID_KEY = "last_save_id"
+"""Manifest key: :attr:`WorkLedger.last_save_id`."""
+SNAPSHOT_FILE_KEY = "snapshot_file"
+"""Manifest key: :attr:`WorkLedger.snapshot_file`."""
+MANIFEST_KEYS = (VERSION_KEY, COUNTERS_KEY, EVICTED_BY_REASON_KEY, LAST_SAVE_ID_KEY, SNAPSHOT_FILE_KEY)
 LEDGER_METADATA_KEY = "ledger"
-"""Key of the ledger's own state (counters, save id) in a snapshot's ``metadata``."""
+"""Key of the ledger's manifest in a snapshot's ``metadata``."""
+COUNTER_NAMES = ("yielded", "dispatched", "finished", "consumed", "evicted")
+"""The ledger's counters, each a number of groups (``finished``: of samples)."""
 ALL_STATES = frozenset(GroupState)
 
 
@@ -63,10 +83,12 @@ class WorkLedger:
     def __init__(self, events: EventLog | None = None) -> None:
         self.events = events
         self._groups: dict[str, GroupRecord] = {}
-        self.counters: dict[str, int] = dict.fromkeys(("yielded", "dispatched", "finished", "consumed", "evicted"), 0)
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.evicted_by_reason: dict[str, int] = {}
         self.last_save_id: str | None = None
         """The ``save_id`` of the checkpoint this state was last saved as or loaded from."""
+        self.snapshot_file: str | None = None
+        """Name of the snapshot file of that checkpoint (``partial_rollouts.safetensors`` in its folder)."""
 
     # ---------------------------------------------------------------- transitions
 
@@ -90,7 +112,7 @@ class WorkLedger:
         )
         self._groups[group_id] = group
         self.counters["yielded"] += 1
-        self._emit("yield", prompt=group_id)
+        self._emit(EventKind.YIELD, prompt=group_id)
         return group
 
     def dispatch(self, group_id: str, policy_version: int) -> GroupRecord:
@@ -99,7 +121,7 @@ class WorkLedger:
         group.state = GroupState.IN_FLIGHT
         group.dispatch_version = policy_version
         self.counters["dispatched"] += 1
-        self._emit("dispatch", prompt=group_id, version=policy_version)
+        self._emit(EventKind.DISPATCH, prompt=group_id, version=policy_version)
         return group
 
     def finish(self, group_id: str, sample: SampleRecord, *, prefix_tokens: int = 0) -> bool:
@@ -117,7 +139,7 @@ class WorkLedger:
         group.samples[sample.index] = sample
         self.counters["finished"] += 1
         self._emit(
-            "finish", prompt=group_id, sample=sample.index, tokens=sample.num_tokens, prefix_tokens=prefix_tokens,
+            EventKind.FINISH, prompt=group_id, sample=sample.index, tokens=sample.num_tokens, prefix_tokens=prefix_tokens,
             reward=sample.reward,
         )
         return self.settle(group_id)
@@ -131,7 +153,7 @@ class WorkLedger:
         group = self._get(group_id)
         if group.state is GroupState.IN_FLIGHT and all(s.state is SampleState.FINISHED for s in group.samples):
             group.state = GroupState.READY
-            self._emit("ready", prompt=group_id)
+            self._emit(EventKind.READY, prompt=group_id)
         return group.state is GroupState.READY
 
     def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupRecord]:
@@ -141,7 +163,7 @@ class WorkLedger:
             taken.append(self._get(group_id, GroupState.READY))
             del self._groups[group_id]
             self.counters["consumed"] += 1
-            self._emit("consume", prompt=group_id, step=step)
+            self._emit(EventKind.CONSUME, prompt=group_id, step=step)
         return taken
 
     def evict(self, group_id: str, *, reason: str) -> GroupRecord:
@@ -150,7 +172,7 @@ class WorkLedger:
         del self._groups[group_id]
         self.counters["evicted"] += 1
         self.evicted_by_reason[reason] = self.evicted_by_reason.get(reason, 0) + 1
-        self._emit("evict", prompt=group_id, reason=reason, state=group.state.value)
+        self._emit(EventKind.EVICT, prompt=group_id, reason=reason, state=group.state.value)
         return group
 
     def regenerate(self, group_id: str, *, reason: str) -> GroupRecord:
@@ -160,7 +182,7 @@ class WorkLedger:
         group.samples = [SampleRecord(index=s.index, state=SampleState.NOT_STARTED, sampling=s.sampling) for s in group.samples]
         group.state = GroupState.PENDING
         group.dispatch_version = -1
-        self._emit("regenerate", prompt=group_id, reason=reason, discarded_tokens=discarded)
+        self._emit(EventKind.REGENERATE, prompt=group_id, reason=reason, discarded_tokens=discarded)
         return group
 
     def capture(self, samples: Mapping[str, SampleRecord]) -> None:
@@ -169,7 +191,7 @@ class WorkLedger:
         ``samples`` maps :func:`request_id` to what the engine captured (a prefix in flight, a
         queued request, or one finished but not yet returned to the trainer). An unfinished sample
         the engine does not know (its request was not submitted yet) becomes not started. Call it
-        in the cut window, right before :meth:`save` or :meth:`state_dict`.
+        in the cut window, right before :meth:`save`.
         """
         for group in self.groups(GroupState.IN_FLIGHT):
             for i, sample in enumerate(group.samples):
@@ -199,20 +221,20 @@ class WorkLedger:
     # ---------------------------------------------------------------- run-level events
 
     def log(self, kind: str, **fields: Any) -> None:
-        """Write a trainer event of ``kind`` (``train_step`` metrics, ...) to the event log."""
-        self._emit("log", kind=kind, **fields)
+        """Write a trainer event of ``kind`` (:data:`~partial_rollout.ledger.events.TRAIN_STEP` metrics, ...) to the event log."""
+        self._emit(EventKind.LOG, kind=kind, **fields)
 
     def record_start(self, **fields: Any) -> None:
         """Mark a fresh start: an audit forgets everything logged before it."""
-        self._emit("start", **fields)
+        self._emit(EventKind.START, **fields)
 
     def record_resume(self, **fields: Any) -> None:
         """Mark a resume from :attr:`last_save_id`: an audit rolls back everything logged after that save."""
-        self._emit("resume", save_id=self.last_save_id, **fields)
+        self._emit(EventKind.RESUME, save_id=self.last_save_id, **fields)
 
     def record_end(self, *, step: int) -> None:
         """Mark a run that reached its end, listing the groups still outstanding (not lost: just untrained)."""
-        self._emit("end", step=step, outstanding=list(self._groups), durable=True)
+        self._emit(EventKind.END, step=step, outstanding=list(self._groups), durable=True)
 
     # ---------------------------------------------------------------- checkpointing
 
@@ -226,7 +248,7 @@ class WorkLedger:
         states: Collection[GroupState] = ALL_STATES,
         metadata: dict[str, Any] | None = None,
     ) -> Snapshot:
-        """The snapshot of the outstanding groups in ``states``, with the ledger's own state in its metadata."""
+        """The snapshot of the outstanding groups in ``states``, with the ledger's manifest in its metadata."""
         return Snapshot(
             trainer_step=trainer_step,
             policy_version=policy_version,
@@ -235,7 +257,7 @@ class WorkLedger:
             loader_state=loader_state,
             counters=dict(self.counters),
             evicted_by_reason=dict(self.evicted_by_reason),
-            metadata={**(metadata or {}), LEDGER_METADATA_KEY: self._own_state()},
+            metadata={**(metadata or {}), LEDGER_METADATA_KEY: self.state_dict()},
         )
 
     def save(
@@ -264,6 +286,7 @@ class WorkLedger:
             The snapshot written.
         """
         self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
+        self.snapshot_file = snapshot_path(folder).name
         snapshot = self.to_snapshot(
             trainer_step=trainer_step, policy_version=policy_version, fingerprints=fingerprints,
             loader_state=loader_state, states=states, metadata=metadata,
@@ -274,7 +297,7 @@ class WorkLedger:
             outstanding[group.state.value] += 1
         unfinished = sum(s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples)
         self._emit(
-            "save", durable=True, save_id=self.last_save_id, step=trainer_step, policy_version=policy_version,
+            EventKind.SAVE, durable=True, save_id=self.last_save_id, step=trainer_step, policy_version=policy_version,
             outstanding=outstanding, groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
             samples_unfinished=unfinished, samples_in_flight=stats["samples_in_flight"],
             prefix_tokens=stats["tokens_in_flight"], saved=[g.group_id for g in snapshot.groups], **event_fields,
@@ -283,40 +306,78 @@ class WorkLedger:
         return snapshot
 
     def load(self, folder: str | os.PathLike[str], *, expect: Fingerprints | None = None) -> Snapshot:
-        """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the rest of the resume."""
-        snapshot = load_snapshot(folder, expect=expect)
+        """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the rest of the resume.
+
+        Raises:
+            SnapshotError: the snapshot is damaged or mismatched (see
+                :func:`~partial_rollout.snapshot.load_snapshot`), or its ledger manifest is invalid.
+        """
+        file = find_snapshot(folder)
+        snapshot = load_snapshot(file, expect=expect)
+        field = f"metadata.{LEDGER_METADATA_KEY}"
+        self._load_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
+        self.snapshot_file = file.name  # the file actually read, should it have been renamed
         self._groups = {g.group_id: g for g in snapshot.groups}
-        self._load_own_state(snapshot.metadata.get(LEDGER_METADATA_KEY, {}))
         return snapshot
 
     def state_dict(self) -> dict[str, Any]:
-        """The ledger as a JSON-native dict (``Stateful`` protocol)."""
-        return {**self._own_state(), "groups": [_group_to_json(g) for g in self._groups.values()]}
+        """The ledger's manifest, JSON-native (``Stateful`` protocol).
+
+        It holds no group: those are in the snapshot file :meth:`save` wrote (named by
+        ``snapshot_file``), which :meth:`load` reads back.
+        """
+        return {
+            VERSION_KEY: STATE_VERSION,
+            COUNTERS_KEY: dict(self.counters),
+            EVICTED_BY_REASON_KEY: dict(self.evicted_by_reason),
+            LAST_SAVE_ID_KEY: self.last_save_id,
+            SNAPSHOT_FILE_KEY: self.snapshot_file,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict`'s output (``Stateful`` protocol)."""
-        if state_dict.get("version") != STATE_VERSION:
-            raise ValueError(f"ledger state version {state_dict.get('version')!r} is not {STATE_VERSION}")
+        """Restore the manifest of :meth:`state_dict` (``Stateful`` protocol) and forget every outstanding group.
+
+        The groups come back with :meth:`load` from the checkpoint folder holding ``snapshot_file``;
+        ``load`` also restores this manifest (the snapshot embeds it), so a resume needs only ``load``.
+
+        Raises:
+            BadInputError: a manifest of another version or with a missing, unknown or invalid
+                field (the message names it).
+        """
+        self._load_manifest(state_dict, error=BadInputError, path=None, field="ledger state")
         self._groups = {}
-        for item in state_dict["groups"]:
-            group = _group_from_json(item)
-            self._groups[group.group_id] = group
-        self._load_own_state(state_dict)
 
     # ---------------------------------------------------------------- internals
 
-    def _own_state(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "counters": dict(self.counters),
-            "evicted_by_reason": dict(self.evicted_by_reason),
-            "last_save_id": self.last_save_id,
-        }
-
-    def _load_own_state(self, state: Mapping[str, Any]) -> None:
-        self.counters.update(state.get("counters", {}))
-        self.evicted_by_reason = dict(state.get("evicted_by_reason", {}))
-        self.last_save_id = state.get("last_save_id")
+    def _load_manifest(
+        self, state: Any, *, error: type[BadInputError], path: os.PathLike[str] | None, field: str
+    ) -> None:
+        """Check a manifest completely, then adopt it (nothing changes when it is refused)."""
+        if not isinstance(state, Mapping):
+            what = "missing: not written by WorkLedger" if state is None else f"must be a JSON object, got {type(state).__name__}"
+            raise error(what, path=path, field=field)
+        if state.get(VERSION_KEY) != STATE_VERSION:
+            raise error(
+                f"version {state.get(VERSION_KEY)!r}, expected {STATE_VERSION}", path=path, field=f"{field}.{VERSION_KEY}",
+                fix="It was written by another partial-rollout version; resume with the one that wrote it.",
+            )
+        if set(state) != set(MANIFEST_KEYS):
+            missing, unknown = sorted(set(MANIFEST_KEYS) - set(state)), sorted(set(state) - set(MANIFEST_KEYS))
+            raise error(f"missing keys {missing}, unknown keys {unknown}", path=path, field=field)
+        counters, evicted = state[COUNTERS_KEY], state[EVICTED_BY_REASON_KEY]
+        if not _is_counts(counters) or set(counters) != set(COUNTER_NAMES):
+            what = f"must count exactly {list(COUNTER_NAMES)} with integers >= 0, got {counters!r}"
+            raise error(what, path=path, field=f"{field}.{COUNTERS_KEY}")
+        if not _is_counts(evicted):
+            what = f"must map reasons to integers >= 0, got {evicted!r}"
+            raise error(what, path=path, field=f"{field}.{EVICTED_BY_REASON_KEY}")
+        for key in (LAST_SAVE_ID_KEY, SNAPSHOT_FILE_KEY):
+            if state[key] is not None and not isinstance(state[key], str):
+                raise error(f"must be a string or null, got {state[key]!r}", path=path, field=f"{field}.{key}")
+        self.counters = dict(counters)
+        self.evicted_by_reason = dict(evicted)
+        self.last_save_id = state[LAST_SAVE_ID_KEY]
+        self.snapshot_file = state[SNAPSHOT_FILE_KEY]
 
     def _get(self, group_id: str, state: GroupState | None = None) -> GroupRecord:
         group = self._groups.get(group_id)
@@ -326,7 +387,7 @@ class WorkLedger:
             raise ValueError(f"group {group_id!r} is {group.state.value}, expected {state.value}")
         return group
 
-    def _emit(self, event: str, *, durable: bool = False, **fields: Any) -> None:
+    def _emit(self, event: EventKind, *, durable: bool = False, **fields: Any) -> None:
         if self.events is not None:
             self.events.append(event, durable=durable, **fields)
 
@@ -341,33 +402,5 @@ def _fields(sample: SampleRecord) -> dict[str, Any]:
     return {name: getattr(sample, name) for name in SampleRecord.__dataclass_fields__}
 
 
-def _sample_to_json(sample: SampleRecord) -> dict[str, Any]:
-    out = _fields(sample)
-    out["state"] = sample.state.value
-    out["sampling"] = sample.sampling.to_json()
-    for name in ("token_ids", "logprobs", "versions"):
-        out[name] = out[name].tolist()
-    out["sampler_state"] = None if sample.sampler_state is None else sample.sampler_state.hex()
-    return out
-
-
-def _sample_from_json(item: Mapping[str, Any]) -> SampleRecord:
-    kwargs = dict(item)
-    kwargs["sampling"] = SamplingSpec.from_json(item["sampling"])
-    kwargs["sampler_state"] = None if item["sampler_state"] is None else bytes.fromhex(item["sampler_state"])
-    return SampleRecord(**kwargs)
-
-
-def _group_to_json(group: GroupRecord) -> dict[str, Any]:
-    return {
-        "group_id": group.group_id,
-        "prompt_token_ids": group.prompt_token_ids.tolist(),
-        "data": group.data,
-        "state": group.state.value,
-        "dispatch_version": group.dispatch_version,
-        "samples": [_sample_to_json(s) for s in group.samples],
-    }
-
-
-def _group_from_json(item: Mapping[str, Any]) -> GroupRecord:
-    return GroupRecord(**{**item, "samples": [_sample_from_json(s) for s in item["samples"]]})
+def _is_counts(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items())

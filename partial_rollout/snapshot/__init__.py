@@ -26,7 +26,7 @@ from partial_rollout.snapshot.schema import (
     SamplingSpec,
     Snapshot,
 )
-from partial_rollout.snapshot.writer import save_snapshot
+from partial_rollout.snapshot.writer import save_snapshot, snapshot_path
 
 __all__ = [
     "FORMAT_NAME",
@@ -43,4 +43,5 @@ __all__ = [
     "find_snapshot",
     "load_snapshot",
     "save_snapshot",
+    "snapshot_path",
 ]

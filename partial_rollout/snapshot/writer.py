@@ -37,12 +37,16 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
     Returns:
         The size of the file written, in bytes.
     """
-    target = Path(path)
-    if target.is_dir():
-        target = target / SNAPSHOT_FILENAME
     tensors, metadata = encode_snapshot(snapshot)
-    with atomic_write(target) as tmp:
+    with atomic_write(snapshot_path(path)) as tmp:
         return container.write_file(tmp, tensors, metadata)
+
+
+def snapshot_path(path: str | os.PathLike[str]) -> Path:
+    """The file :func:`save_snapshot` writes for ``path``: ``<path>/partial_rollouts.safetensors`` for an
+    existing folder, else ``path`` itself."""
+    target = Path(path)
+    return target / SNAPSHOT_FILENAME if target.is_dir() else target
 
 
 def encode_snapshot(snapshot: Snapshot) -> tuple[dict[str, np.ndarray | Chunks], dict[str, str]]:
