@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from partial_rollout.atomic import atomic_write
 from partial_rollout.cli import main as cli_main
 from partial_rollout.snapshot import (
     Fingerprints,
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        with atomic_write(args.out) as tmp:
+            tmp.write_text(text + "\n")
     return 0
 
 

@@ -1,9 +1,12 @@
-"""The resume-throughput benchmark end to end, on a tiny configuration (two real engine starts).
+"""The resume-throughput benchmark end to end, on a tiny configuration (three real engine starts).
 
 Runs ``python -m benchmarks.resume_throughput`` as a user would, in a subprocess (vLLM spawns
 processes and binds to one event loop), and checks the JSON it writes: every mode is there,
 continue redid no decode token, and the benchmark's figures agree with the snapshot it wrote.
 No timing is asserted.
+
+The benchmarks are not part of the installed package: they run from the repository root, which
+``python -m`` puts first on the import path, so the copy in the checkout is the one that runs.
 """
 
 from __future__ import annotations
@@ -16,11 +19,22 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.engine
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_benchmarks_run_from_the_repository_root() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.resume_throughput", "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--full" in proc.stdout
+    code = "import benchmarks.resume_throughput, benchmarks.resume.phases as p, benchmarks.snapshot_io as s; print(p.__file__); print(s.__file__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [Path(line) for line in proc.stdout.split()] == [ROOT / "benchmarks/resume/phases.py", ROOT / "benchmarks/snapshot_io.py"]
+
+
+@pytest.mark.engine
 @pytest.mark.timeout(600)
 def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"

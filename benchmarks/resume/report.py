@@ -1,0 +1,370 @@
+"""The benchmark's JSON result: one record per repetition, a summary per sweep point, the README tables.
+
+The README table is generated from this JSON (``markdown``) and the plots are drawn from it
+(:mod:`benchmarks.plots`), so every key here is part of a schema that results already on disk
+(``benchmarks/results/*.json``) follow: add keys, do not rename them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from benchmarks.resume.measure import SavedWork, consistency_checks, exactness
+from partial_rollout.atomic import atomic_write
+
+if TYPE_CHECKING:
+    from benchmarks.resume.phases import Continued, Floor, KilledRun, Lost, Restart
+
+MODES = ("uninterrupted", "drop", "regenerate", "continue")
+TARGET_CONTINUE_VS_UNINTERRUPTED = 1.15
+TARGET_BYTES_PER_TOKEN = 8.0
+
+DEFINITIONS = {
+    "recovery_s": "seconds from engine-ready after the restart until every recovered sample finished (uninterrupted: from resume() after the cut)",
+    "decode_tokens": "tokens the engine generated for the recovered samples",
+    "prefill_tokens": "prompt tokens submitted for the recovered samples (continue: prompt + saved prefix); prefix caching is on, so shared group prompts may be computed once",
+    "steps": "engine steps (scheduler iterations that produced outputs) over the same interval as recovery_s: the latency structure, immune to other jobs on the machine",
+    "cpu_s": "CPU seconds (user + system) of this process and the engine core over the same interval as recovery_s; robust to other jobs on the machine",
+    "warm_s": "the same recovery rerun on the same engine right after (prefix cache emptied): no fresh-engine start-up effects",
+    "warm_cpu_s": "CPU seconds of the warm rerun",
+    "redone_decode_tokens": "decode_tokens minus the tokens the recovered samples still needed at the cut",
+    "useful_tokens": "generated tokens that were not already in the snapshot",
+    "useful_tok_s": "useful_tokens / recovery_s",
+    "useful_vs_steady": "useful_tok_s over the pre-cut steady-state rate (all groups dispatched, full batch)",
+    "vs_uninterrupted": "recovery_s over the uninterrupted mode's time for the same remainder",
+    "prompts_lost": "prompt groups (in flight or pending) that never come back",
+    "pause_ms": "keep-mode pause + capture of the cut (ResumableEngine.pause_and_capture), from the call until the cut is ready",
+    "stop_ms": "from the pause call until the engine stopped: it first finishes the step it is running, whose tokens are in the cut (Cut.stop_s)",
+    "freeze_ms": "from the pause call until resume() returned: pause + capture + building the Snapshot object + resume",
+    "stall_ms": "freeze_ms - stop_ms: the time the engine stood idle because of the save (the target: <= one decode step)",
+    "pause_in_decode_steps": "pause_ms over the steady-state decode step time",
+    "stall_in_decode_steps": "stall_ms over the steady-state decode step time",
+    "token_data_bytes_per_token": "bytes of the per-token tensors (token ids, logprobs, version runs) per stored token: the marginal cost of a generated token",
+    "bytes_*": "the snapshot file split by what the bytes hold (token_data, prompts, sampler_state, per-sample and per-group fields, the sampling-parameter tables in the header, the rest of the header); they add up to the file size. The workload gives every sample its own max_tokens (to shape the length distribution), so every sample has its own sampling-table entry; a trainer with one max_tokens has one",
+    "save_s": "save_snapshot wall time (fsync + atomic rename), overlapping generation in a thread",
+    "load_s": "load_snapshot wall time, page cache evicted first (full checksum + validation)",
+    "floor_s": "time to prefill every saved prompt+prefix alone (max_tokens=1, all together), on the regenerate engine after it finished and its prefix cache was emptied",
+    "over_floor_s": "continue recovery_s minus floor_s",
+}
+
+
+# --- one repetition ------------------------------------------------------------------------------
+
+
+def mode_figures(killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost: Lost, remaining: int) -> dict[str, Any]:
+    """Every mode's cost for the same remainder, and its ratios to the uninterrupted run and to continue."""
+    unint = killed.uninterrupted.spent
+    decode_after_cut = killed.decode_tokens_after_cut
+    modes = {
+        "uninterrupted": dict(recovery_s=unint.wall_s, cpu_s=unint.cpu_s, steps=unint.steps, decode_tokens=decode_after_cut,
+                              prefill_tokens=0, redone_decode_tokens=decode_after_cut - remaining, useful_tokens=remaining,
+                              prompts_lost=0, samples_lost=0, prefix_tokens_lost=0),
+        "drop": dict(recovery_s=0.0, cpu_s=0.0, steps=0, decode_tokens=0, prefill_tokens=0, redone_decode_tokens=0, useful_tokens=0,
+                     prompts_lost=lost.prompts, samples_lost=lost.samples, prefix_tokens_lost=lost.prefix_tokens),
+        "regenerate": dict(recovery_s=b.spent.wall_s, cpu_s=b.spent.cpu_s, steps=b.spent.steps, warm_s=b.warm.wall_s,
+                           warm_cpu_s=b.warm.cpu_s, decode_tokens=b.decode_tokens, prefill_tokens=b.prefill_tokens,
+                           redone_decode_tokens=b.decode_tokens - remaining, useful_tokens=b.useful_tokens,
+                           prompts_lost=0, samples_lost=0, prefix_tokens_lost=0, engine_start_s=b.engine_start_s),
+        "continue": dict(recovery_s=c.spent.wall_s, cpu_s=c.spent.cpu_s, steps=c.spent.steps, floor_steps=floor.spent.steps,
+                         warm_s=c.warm.wall_s, warm_cpu_s=c.warm.cpu_s, decode_tokens=c.decode_tokens,
+                         prefill_tokens=c.prefill_tokens, redone_decode_tokens=c.decode_tokens - remaining,
+                         useful_tokens=c.useful_tokens, prompts_lost=0, samples_lost=0, prefix_tokens_lost=0,
+                         engine_start_s=c.engine_start_s, load_s=c.load_s, floor_s=floor.spent.wall_s,
+                         floor_cpu_s=floor.spent.cpu_s, over_floor_s=c.spent.wall_s - floor.spent.wall_s,
+                         over_floor_cpu_s=c.spent.cpu_s - floor.spent.cpu_s,
+                         over_floor_ratio=c.spent.wall_s / floor.spent.wall_s if floor.spent.wall_s > 0 else None),
+    }
+    steady_tok_s = killed.cut.steady.tok_s
+    for m in modes.values():
+        m["useful_tok_s"] = m["useful_tokens"] / m["recovery_s"] if m["recovery_s"] > 0 else None
+        m["vs_uninterrupted"] = m["recovery_s"] / unint.wall_s if unint.wall_s > 0 and m["recovery_s"] > 0 else None
+        m["steps_vs_uninterrupted"] = m["steps"] / unint.steps if unint.steps and m["steps"] else None
+        m["cpu_vs_uninterrupted"] = m["cpu_s"] / unint.cpu_s if unint.cpu_s > 0 and m["cpu_s"] > 0 else None
+        m["useful_vs_steady"] = m["useful_tok_s"] / steady_tok_s if m["useful_tok_s"] and steady_tok_s else None
+    regen = modes["regenerate"]
+    regen["vs_continue"] = b.spent.wall_s / c.spent.wall_s
+    regen["steps_vs_continue"] = b.spent.steps / c.spent.steps if c.spent.steps else None
+    regen["cpu_vs_continue"] = b.spent.cpu_s / c.spent.cpu_s if c.spent.cpu_s > 0 else None
+    regen["warm_vs_continue"] = b.warm.wall_s / c.warm.wall_s
+    regen["warm_cpu_vs_continue"] = b.warm.cpu_s / c.warm.cpu_s if c.warm.cpu_s > 0 else None
+    for name, r in (("regenerate", b), ("continue", c)):
+        modes[name]["warm_vs_uninterrupted"] = r.warm.wall_s / unint.wall_s if unint.wall_s > 0 else None
+        modes[name]["warm_cpu_vs_uninterrupted"] = r.warm.cpu_s / unint.cpu_s if unint.cpu_s > 0 else None
+    return modes
+
+
+def rep_record(
+    rep: int, killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost: Lost, *, file_bytes: int,
+    sizes: dict[str, int], load_before: float, wall_start: float,
+) -> dict[str, Any]:
+    """One repetition's figures, checks and timelines, as stored under ``points[].reps[]``."""
+    saved, loaded, cut, unint = killed.cut.snapshot, c.loaded, killed.cut, killed.uninterrupted
+    counts = loaded.counts()
+    work = SavedWork.of(saved)
+    checks = consistency_checks(
+        saved, loaded, work=work, prompts_lost=lost.prompts, saved_bytes=unint.bytes, file_bytes=file_bytes, sizes=sizes,
+        uninterrupted_decode=killed.decode_tokens_after_cut, regenerate_decode=b.decode_tokens,
+        continue_decode=c.decode_tokens, continue_prefill=c.prefill_tokens, floor_prefill=floor.prefill_tokens,
+    )
+    step_ms = cut.steady.step_ms
+    stall_ms = 1000 * cut.stall_s
+    tokens = work.prefix_tokens
+    return dict(
+        rep=rep,
+        wall_s=time.perf_counter() - wall_start,
+        loadavg_1m=dict(before=load_before, after=os.getloadavg()[0]),
+        workload=dict(groups=len(saved.groups), groups_pending=counts["groups_pending"],
+                      samples_in_flight=work.samples_in_flight, samples_not_started=work.samples_not_started,
+                      samples_finished_before_cut=counts["samples_finished"], prefix_tokens=tokens,
+                      mean_prefix_measured=tokens / max(1, work.samples_in_flight), max_prefix=work.max_prefix,
+                      remaining_tokens=work.remaining_tokens, recovered_prompt_tokens=work.prompt_tokens),
+        presave=dict(engine_start_s=killed.engine_start_s, precut_s=killed.precut_s, tokens_before_cut=cut.tokens_at_cut,
+                     steady_tok_s=cut.steady.tok_s, steady_window_s=cut.steady.window_s, step_ms=step_ms),
+        save=dict(pause_ms=1000 * cut.pause_s, freeze_ms=1000 * cut.freeze_s, stop_ms=1000 * cut.stop_s, stall_ms=stall_ms,
+                  pause_in_decode_steps=(1000 * cut.pause_s / step_ms) if step_ms else None,
+                  stall_in_decode_steps=stall_ms / step_ms if step_ms else None,
+                  save_s=unint.save_s, load_s=c.load_s, snapshot_bytes=unint.bytes, in_flight_tokens=tokens,
+                  sampler_state_bytes=work.sampler_state_bytes,
+                  bytes_per_in_flight_token=unint.bytes / tokens if tokens else None,
+                  bytes_per_in_flight_token_excl_sampler_state=(unint.bytes - work.sampler_state_bytes) / tokens if tokens else None,
+                  token_data_bytes_per_token=sizes["token_data"] / counts["tokens"] if counts["tokens"] else None,
+                  **{f"bytes_{k}": v for k, v in sizes.items()}),
+        floor=dict(floor_s=floor.spent.wall_s, floor_cpu_s=floor.spent.cpu_s, floor_steps=floor.spent.steps,
+                   floor_prefill_tokens=floor.prefill_tokens),
+        modes=mode_figures(killed, c, b, floor, lost, work.remaining_tokens),
+        exact=exactness(saved, unint.finished, c.records, b.records),
+        checks=checks,
+        consistent=all(v["ok"] for v in checks.values()),
+        timelines=dict(presave=killed.timeline, regenerate=b.timeline, **{"continue": c.timeline},
+                       restart_s={"continue": c.engine_start_s + c.load_s, "regenerate": b.engine_start_s},
+                       floor_s=floor.spent.wall_s, save_s=unint.save_s, uninterrupted_s=unint.spent.wall_s),
+    )
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+
+
+def spread(values: list[Any]) -> dict[str, Any] | None:
+    """Median, min, max and (max - min) / median of the values that are not None."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return None
+    med = statistics.median(vals)
+    return dict(median=med, min=min(vals), max=max(vals), n=len(vals),
+                rel_spread=(max(vals) - min(vals)) / med if med else 0.0)
+
+
+def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A sweep point's summary: every figure's spread over the repetitions, and the targets met or not."""
+    summary: dict[str, Any] = {"modes": {}, "save": {}, "workload": {}, "presave": {}}
+    for mode in MODES:
+        keys = reps[0]["modes"][mode].keys()
+        summary["modes"][mode] = {k: spread([r["modes"][mode].get(k) for r in reps]) for k in keys}
+    for section in ("save", "workload", "presave", "floor"):
+        summary[section] = {k: spread([r[section][k] for r in reps]) for k in reps[0][section]}
+    med = lambda m, k: (summary["modes"][m][k] or {}).get("median")  # noqa: E731
+    save = summary["save"]
+    summary["targets"] = {
+        "continue_redone_decode_tokens_max": max(r["modes"]["continue"]["redone_decode_tokens"] for r in reps),
+        "continue_redone_decode_tokens_target": 0,
+        "continue_vs_uninterrupted_median": med("continue", "vs_uninterrupted"),
+        "continue_vs_uninterrupted_target": TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "continue_vs_uninterrupted_met": (med("continue", "vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "continue_cpu_vs_uninterrupted_median": med("continue", "cpu_vs_uninterrupted"),
+        "continue_steps_vs_uninterrupted_median": med("continue", "steps_vs_uninterrupted"),
+        "continue_steps_vs_uninterrupted_met": (med("continue", "steps_vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "regenerate_vs_continue_steps_median": med("regenerate", "steps_vs_continue"),
+        "regenerate_vs_continue_median": med("regenerate", "vs_continue"),
+        "regenerate_vs_continue_cpu_median": med("regenerate", "cpu_vs_continue"),
+        "continue_warm_vs_uninterrupted_median": med("continue", "warm_vs_uninterrupted"),
+        "regenerate_vs_continue_warm_median": med("regenerate", "warm_vs_continue"),
+        "regenerate_vs_continue_warm_cpu_median": med("regenerate", "warm_cpu_vs_continue"),
+        "pause_in_decode_steps_median": (save["pause_in_decode_steps"] or {}).get("median"),
+        "stall_in_decode_steps_median": (save["stall_in_decode_steps"] or {}).get("median"),
+        "stall_within_one_decode_step": ((save["stall_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
+        "bytes_per_in_flight_token_excl_sampler_state_median": (save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median"),
+        "bytes_per_token_target": TARGET_BYTES_PER_TOKEN,
+        "bytes_per_token_met": ((save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median") or math.inf) <= TARGET_BYTES_PER_TOKEN,
+    }
+    summary["consistent_all_reps"] = all(r["consistent"] for r in reps)
+    summary["exact_all_reps"] = all(
+        r["exact"]["continue_equals_uninterrupted"] == r["exact"]["samples"] == r["exact"]["regenerate_equals_uninterrupted"]
+        for r in reps
+    )
+    return summary
+
+
+def collect(points_spec: list[tuple[int, int, int]], results: dict[tuple[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per-point summaries of the repetitions run so far; the first repetition's timelines are kept."""
+    points = []
+    for n, L, reps in points_spec:
+        done = results[n, L]
+        if not done:
+            continue
+        timeline = done[0].get("timelines")
+        kept = [{k: v for k, v in r.items() if k != "timelines"} for r in done]
+        points.append(dict(num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=kept,
+                           summary=summarize(kept), timeline=timeline))
+    return points
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+
+def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per sweep point and mode: the medians the README table shows."""
+    rows = []
+    for p in points:
+        s = p["summary"]
+        for mode in MODES:
+            m = s["modes"][mode]
+            g = lambda k: (m.get(k) or {}).get("median")  # noqa: E731
+            rows.append(dict(
+                in_flight=p["num_in_flight"], mean_prefix=p["mean_prefix"], mode=mode, reps=len(p["reps"]),
+                recovery_s=g("recovery_s"), recovery_s_min=(m.get("recovery_s") or {}).get("min"),
+                recovery_s_max=(m.get("recovery_s") or {}).get("max"), vs_uninterrupted=g("vs_uninterrupted"),
+                cpu_s=g("cpu_s"), cpu_vs_uninterrupted=g("cpu_vs_uninterrupted"),
+                warm_s=g("warm_s"), warm_vs_uninterrupted=g("warm_vs_uninterrupted"),
+                steps=g("steps"), steps_vs_uninterrupted=g("steps_vs_uninterrupted"),
+                decode_tokens=g("decode_tokens"), prefill_tokens=g("prefill_tokens"),
+                redone_decode_tokens=g("redone_decode_tokens"), useful_tok_s=g("useful_tok_s"),
+                useful_vs_steady=g("useful_vs_steady"), prompts_lost=g("prompts_lost"),
+                prefix_tokens_lost=g("prefix_tokens_lost"),
+            ))
+    return rows
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.{digits}f}"
+    return f"{int(v)}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The README's two tables: recovery per mode, then the save, load and floor per sweep point."""
+    lines = [
+        "| in flight | mean prefix | mode | engine steps (x uninterrupted) | recovery s (median [min-max]) | x uninterrupted | CPU s (x uninterrupted) | warm engine s (x uninterrupted) | decode tok | prefill tok | redone decode | useful tok/s (x steady) | prompts lost |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["table"]:
+        lines.append(
+            f"| {r['in_flight']} | {r['mean_prefix']} | {r['mode']} | {fmt(r.get('steps'), 0)} ({fmt(r.get('steps_vs_uninterrupted'))}) | {fmt(r['recovery_s'])} [{fmt(r['recovery_s_min'])}-{fmt(r['recovery_s_max'])}]"
+            f" | {fmt(r['vs_uninterrupted'])} | {fmt(r.get('cpu_s'))} ({fmt(r.get('cpu_vs_uninterrupted'))}) | {fmt(r.get('warm_s'))} ({fmt(r.get('warm_vs_uninterrupted'))}) | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
+            f" | {fmt(r['useful_tok_s'], 0)} ({fmt(r['useful_vs_steady'])}) | {fmt(r['prompts_lost'])} |"
+        )
+    lines += ["", "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for p in result["points"]:
+        s = p["summary"]
+        sv = lambda k: (s["save"].get(k) or {}).get("median")  # noqa: E731
+        c = s["modes"]["continue"]
+        lines.append(
+            f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"
+            f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))}) [{fmt(sv('token_data_bytes_per_token'), 3)}]"
+            f" | {fmt((c['floor_s'] or {}).get('median'))} ({fmt((c.get('floor_steps') or {}).get('median'), 0)}) | {fmt((c['over_floor_s'] or {}).get('median'))}"
+            f" | {fmt((s['modes']['regenerate'].get('steps_vs_continue') or {}).get('median'))}; {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))};"
+            f" {fmt((s['modes']['regenerate'].get('cpu_vs_continue') or {}).get('median'))};"
+            f" {fmt((s['modes']['regenerate'].get('warm_vs_continue') or {}).get('median'))} |"
+        )
+    return "\n".join(lines)
+
+
+# --- the result file -----------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = None
+    try:
+        mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) * 1024
+    except (OSError, StopIteration):
+        pass
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    return dict(platform=platform.platform(), python=platform.python_version(), cpu=cpu, cpu_count=os.cpu_count(),
+                affinity=len(os.sched_getaffinity(0)), memory_bytes=mem, loadavg_at_end=os.getloadavg(), gpu=gpu)
+
+
+def versions() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    commit = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+                                timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return dict(vllm=vllm.__version__, torch=torch.__version__, numpy=np.__version__, partial_rollout_commit=commit)
+
+
+def assemble(args: argparse.Namespace, config: Any, points: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """The whole JSON result: machine, versions, configuration, definitions, points, tables and verdicts."""
+    result = dict(
+        benchmark="resume_throughput", created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        wall_s=time.time() - started, command=" ".join(["python -m benchmarks.resume_throughput", *sys.argv[1:]]),
+        machine=machine(), versions=versions(),
+        config=dict(engine={k: v for k, v in dataclasses.asdict(config).items() if k != "extra"},
+                    samples=args.samples, prefix=args.prefix, reps=args.reps, big_point=args.big_point,
+                    big_reps=args.big_reps, group_size=args.group_size, prompt_tokens=args.prompt_tokens, seed=args.seed,
+                    workload="prefix K ~ U[0.5L, 1.5L] per group (staggered dispatch), remainder ~ lognormal(mean 0.5L, sigma 1) clipped to [16, 2L] and the context; temperature 1, per-sample seeds, ignore_eos; pending groups = max(1, groups/8)",
+                    restart="in-process: engine shut down after the uninterrupted remainder; each recovery mode starts a fresh ResumableEngine (new engine-core process, cold KV cache) and reads the snapshot from disk"),
+        definitions=DEFINITIONS,
+        points=points,
+    )
+    loads = [r["loadavg_1m"]["before"] for p in points for r in p["reps"]] + [r["loadavg_1m"]["after"] for p in points for r in p["reps"]]
+    if loads:
+        result["notes"] = (
+            f"1-minute load average around the repetitions: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
+            f" on {os.cpu_count()} CPUs. Above the CPU count, other jobs shared the machine and the timings are"
+            " correspondingly slower and noisier; token counts, checks and snapshot sizes are unaffected."
+        )
+    result["table"] = table(points)
+    result["consistency"] = dict(passed=bool(points) and all(p["summary"]["consistent_all_reps"] for p in points),
+                                 failed=[dict(point=f"{p['num_in_flight']}x{p['mean_prefix']}", rep=r["rep"], check=k, **v)
+                                         for p in points for r in p["reps"] for k, v in r["checks"].items() if not v["ok"]])
+    result["exact"] = dict(all_reps=bool(points) and all(p["summary"]["exact_all_reps"] for p in points))
+    result["continue_redone_decode_tokens_max"] = max(
+        (r["modes"]["continue"]["redone_decode_tokens"] for p in points for r in p["reps"]), default=None)
+    result["markdown"] = markdown(result)
+    return result
+
+
+def write(result: dict[str, Any], out: Path, *, plots: bool = True) -> list[Path]:
+    """``<out>.json`` (replaced atomically: it is rewritten after every repetition) and, with ``plots``, the PNGs."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_name(out.name + ".json")
+    with atomic_write(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    written = [path]
+    if plots:
+        from benchmarks.plots import plot_all
+
+        written += plot_all(result, out)
+    return written
