@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +258,60 @@ def test_lazy_reader_checks_structure_on_open(saved: Path, tmp_path: Path) -> No
             reader.verify()
     with SnapshotReader(saved) as reader:
         reader.verify_checksums()  # an intact file passes the streamed check
+
+
+def nested(depth: int) -> str:
+    """JSON lists nested ``depth`` deep: a few hundred kilobytes that make ``json.loads`` recurse past Python's limit."""
+    return "[" * depth + "]" * depth
+
+
+def set_group_data(arrays: dict[str, np.ndarray], data: list[bytes]) -> None:
+    arrays["group.data_bytes"] = np.frombuffer(b"".join(data), np.uint8).copy()
+    arrays["group.data_offsets"] = np.cumsum([0] + [len(d) for d in data]).astype(np.int64)
+
+
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_deeply_nested_json_is_refused_naming_the_field(saved: Path, tmp_path: Path, depth: int) -> None:
+    """Nesting that makes Python's JSON parser (or the loader-state decoder) recurse too deep is a
+    SnapshotError naming the field, never a RecursionError."""
+    raw = saved.read_bytes()
+    length = header_length(saved) - 8
+    header = b'{"deep":' + nested(depth).encode() + b"," + raw[8 : 8 + length].rstrip()[1:]
+    header += b" " * (-len(header) % 8)
+    deep_header = tmp_path / "header.safetensors"
+    deep_header.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + length :])
+    error = rejected(deep_header)
+    assert error.field == "header" and "nested too deeply" in str(error)
+
+    for key in ("metadata", "loader_state", "tables"):
+        error = rejected(rewrite(saved, tmp_path / f"{key}.safetensors", metadata=lambda m, key=key: m.update({key: nested(depth)})))
+        assert error.field == key and "nested too deeply" in str(error), str(error)
+
+    data = [b'{"task":"math"}', nested(depth).encode(), b"{}", b"{}"]
+    error = rejected(rewrite(saved, tmp_path / "data.safetensors", tensors=lambda a: set_group_data(a, data)))
+    assert error.field == "group.data_bytes" and "nested too deeply" in str(error), str(error)
+
+
+LOADER_TREES = {
+    "unknown numpy dtype": ({"__type__": "tensor", "framework": "numpy", "dtype": "float128", "name": "loader.0"}, "unknown numpy dtype"),
+    "dtype not a string": ({"__type__": "tensor", "framework": "numpy", "dtype": ["uint8"], "name": "loader.0"}, "unknown numpy dtype"),
+    "unknown torch dtype": ({"__type__": "tensor", "framework": "torch", "dtype": "float99", "name": "loader.0"}, "unknown torch dtype"),
+    "torch alias": ({"__type__": "tensor", "framework": "torch", "dtype": "half", "name": "loader.0"}, "unknown torch dtype"),
+    "torch complex128": ({"__type__": "tensor", "framework": "torch", "dtype": "complex128", "name": "loader.0"}, "cannot be stored"),
+    "torch quantized": ({"__type__": "tensor", "framework": "torch", "dtype": "qint8", "name": "loader.0"}, "cannot be stored"),
+    "unknown framework": ({"__type__": "tensor", "framework": {"jax": 1}, "dtype": "uint8", "name": "loader.0"}, "unknown tensor framework"),
+    "scalar dtype unhashable": ({"__type__": "numpy_scalar", "dtype": {"a": 1}, "value": 1}, "unknown numpy dtype"),
+    "scalar out of range": ({"__type__": "numpy_scalar", "dtype": "uint8", "value": 300}, "is not a uint8"),
+    "tag unhashable": ({"__type__": ["tensor"], "name": "loader.0"}, "malformed tagged value"),
+    "float unhashable": ({"__type__": "float", "value": ["nan"]}, "unknown float"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOADER_TREES))
+def test_a_loader_state_with_an_unknown_dtype_is_refused(saved: Path, tmp_path: Path, case: str) -> None:
+    """A crafted loader_state (dtype unknown, of the wrong type, or out of range) is a SnapshotError
+    naming loader_state, never a KeyError, TypeError or OverflowError."""
+    node, message = LOADER_TREES[case]
+    tree = {"generator": node}
+    error = rejected(rewrite(saved, tmp_path / "loader.safetensors", metadata=lambda m: m.update(loader_state=json.dumps(tree))))
+    assert error.field == "loader_state" and message in str(error), str(error)

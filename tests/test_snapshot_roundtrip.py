@@ -273,3 +273,16 @@ def test_state_codec_rejects_inconsistent_references() -> None:
         decode(tree, {"loader.0": np.arange(3, dtype=np.int32)})
     with pytest.raises(ValueError, match="does not hold"):
         decode(tree, {})
+
+
+def test_state_codec_refuses_a_state_nested_too_deeply() -> None:
+    """Nesting past Python's recursion limit is a ValueError (a bad state), not a RecursionError."""
+    deep: list = []
+    for _ in range(5_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="loader_state is nested too deeply to store"):
+        encode({"deep": deep})
+    with pytest.raises(ValueError, match="loader_state is nested too deeply to decode"):
+        decode({"deep": deep}, {})
+    with pytest.raises(ValueError, match="metadata is nested too deeply"):
+        Snapshot(trainer_step=0, policy_version=0, fingerprints=fingerprints(), metadata={"deep": deep})

@@ -187,7 +187,7 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             )
         raw = f.read(length)
     try:
-        entries = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        entries = loads_json(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as exc:
         what = f"the header is not valid UTF-8 JSON ({exc}): damaged, or not safetensors"
         raise SnapshotError(what, path=path, field="header") from None
@@ -214,6 +214,22 @@ def read_header(path: str | os.PathLike[str]) -> Header:
             field="header",
         )
     return Header(tensors=tensors, metadata=metadata, data_start=8 + length, file_size=size)
+
+
+def loads_json(text: str | bytes, **kwargs: Any) -> Any:
+    """``json.loads``, with JSON nested too deeply for Python's parser refused like any other bad JSON.
+
+    A crafted file can nest lists 100,000 deep in a few hundred kilobytes; ``json.loads`` then
+    raises :class:`RecursionError`, which callers that catch :class:`ValueError` would miss.
+
+    Raises:
+        ValueError: the text is not valid JSON (:class:`json.JSONDecodeError`,
+            :class:`UnicodeDecodeError`) or is nested too deeply.
+    """
+    try:
+        return json.loads(text, **kwargs)
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import json
 import os
 import zlib
 from pathlib import Path
@@ -200,7 +199,7 @@ class SnapshotReader:
 
     def _json(self, metadata: dict[str, str], key: str) -> Any:
         try:
-            return json.loads(metadata[key])
+            return container.loads_json(metadata[key])
         except ValueError as exc:
             raise self._error(f"not valid JSON: {exc}", key) from None
 
@@ -441,7 +440,7 @@ class SnapshotReader:
         where = f"group {group_id!r}"
         try:
             raw = self._payload("group.data_bytes", c["group.data_offsets"][g], c["group.data_offsets"][g + 1])
-            data = json.loads(raw.tobytes())
+            data = container.loads_json(raw.tobytes())
         except ValueError as exc:
             raise self._error(f"{where}: data is not valid UTF-8 JSON: {exc}", "group.data_bytes") from None
         first, last = c["group.sample_offsets"][g], c["group.sample_offsets"][g + 1]

@@ -72,15 +72,19 @@ def canonical_json(value: Any, *, what: str, sort_keys: bool = False) -> str:
         sort_keys: sort object keys (used where equal values must encode identically).
 
     Raises:
-        ValueError: ``value`` is not JSON-native or holds text that is not valid Unicode.
+        ValueError: ``value`` is not JSON-native, holds text that is not valid Unicode, or is nested
+            too deeply for Python's JSON encoder.
     """
     native = f"{what} must be JSON-native (dict with str keys, list, str, int, float, bool, None)"
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=sort_keys, separators=(",", ":"))
         text.encode("utf-8")
+        same = json.loads(text) == value
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{native}: {exc}") from None
-    if json.loads(text) != value:
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    if not same:
         raise ValueError(
             f"{native}: it changes on a JSON round trip (tuples become lists, non-str keys become str);"
             " convert it before building the snapshot"

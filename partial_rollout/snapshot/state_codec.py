@@ -62,7 +62,8 @@ def encode(state: Any, *, prefix: str = "loader.") -> tuple[Any, dict[str, np.nd
         little-endian numpy arrays.
 
     Raises:
-        ValueError: a leaf that cannot be stored without pickle, named by its path in ``state``.
+        ValueError: a leaf that cannot be stored without pickle, named by its path in ``state``, or
+            a state nested too deeply to walk.
     """
     tensors: dict[str, np.ndarray] = {}
 
@@ -112,7 +113,10 @@ def encode(state: Any, *, prefix: str = "loader.") -> tuple[Any, dict[str, np.nd
             " to tensors, numbers, strings, lists and dicts in state_dict()"
         )
 
-    return walk(state, "loader_state"), tensors
+    try:
+        return walk(state, "loader_state"), tensors
+    except RecursionError:
+        raise ValueError("loader_state is nested too deeply to store") from None
 
 
 def _torch_to_numpy(tensor: Any, path: str, store: Any) -> dict[str, str]:
@@ -137,8 +141,8 @@ def decode(tree: Any, tensors: Mapping[str, np.ndarray]) -> Any:
     names, so a damaged or hand-edited file cannot load as a subtly different state.
 
     Raises:
-        ValueError: a malformed tag, a missing, unused or reused tensor, or a dtype mismatch,
-            named by its path in the tree.
+        ValueError: a malformed tag, an unknown dtype, a missing, unused or reused tensor, or a
+            dtype mismatch, named by its path in the tree; or a tree nested too deeply to walk.
     """
     used: set[str] = set()
 
@@ -164,12 +168,12 @@ def decode(tree: Any, tensors: Mapping[str, np.ndarray]) -> Any:
         if TYPE_KEY not in node:
             return {k: walk(v, f"{path}[{k!r}]") for k, v in node.items()}
         kind = node[TYPE_KEY]
-        expected_keys = _TAG_KEYS.get(kind)
+        expected_keys = _TAG_KEYS.get(kind) if isinstance(kind, str) else None
         if expected_keys is None or set(node) != expected_keys:
-            raise ValueError(f"{path}: malformed tagged value {node!r}")
+            raise ValueError(f"{path}: malformed tagged value {_short(node)}")
         if kind == "float":
-            if node["value"] not in _SPECIAL_FLOATS:
-                raise ValueError(f"{path}: unknown float {node['value']!r}")
+            if not isinstance(node["value"], str) or node["value"] not in _SPECIAL_FLOATS:
+                raise ValueError(f"{path}: unknown float {_short(node['value'])}")
             return _SPECIAL_FLOATS[node["value"]]
         if kind in ("tuple", "dict"):
             if not isinstance(node["items"], list):
@@ -187,12 +191,14 @@ def decode(tree: Any, tensors: Mapping[str, np.ndarray]) -> Any:
                     raise ValueError(f"{path}: unhashable dict key {key!r}") from None
             return out
         if kind == "numpy_scalar":
-            if node["dtype"] not in NUMPY_DTYPES:
-                raise ValueError(f"{path}: unknown numpy dtype {node['dtype']!r}")
+            dtype = _numpy_dtype(node, path)
             value = walk(node["value"], path)
             if not isinstance(value, (bool, int, float)):
-                raise ValueError(f"{path}: a numpy scalar's value must be a number, got {value!r}")
-            return np.dtype(node["dtype"]).type(value)
+                raise ValueError(f"{path}: a numpy scalar's value must be a number, got {_short(value)}")
+            try:
+                return np.dtype(dtype).type(value)
+            except (OverflowError, TypeError) as exc:
+                raise ValueError(f"{path}: {value!r} is not a {dtype}: {exc}") from None
         if kind == "bytes":
             array = take(node, path, "uint8")
             if array.ndim != 1:
@@ -200,7 +206,10 @@ def decode(tree: Any, tensors: Mapping[str, np.ndarray]) -> Any:
             return array.tobytes()
         return _decode_tensor(node, path, take)
 
-    state = walk(tree, "loader_state")
+    try:
+        state = walk(tree, "loader_state")
+    except RecursionError:
+        raise ValueError("loader_state is nested too deeply to decode") from None
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"loader_state: tensors {unused} are stored but not referenced")
@@ -218,22 +227,38 @@ _TAG_KEYS = {
 
 
 def _decode_tensor(node: dict[str, Any], path: str, take: Any) -> Any:
-    dtype, framework = node["dtype"], node["framework"]
+    framework = node["framework"]
     if framework == "numpy":
-        if dtype not in NUMPY_DTYPES:
-            raise ValueError(f"{path}: unknown numpy dtype {dtype!r}")
-        return np.array(take(node, path, dtype))
+        return np.array(take(node, path, _numpy_dtype(node, path)))
     if framework != "torch":
-        raise ValueError(f"{path}: unknown tensor framework {framework!r} (expected 'numpy' or 'torch')")
+        raise ValueError(f"{path}: unknown tensor framework {_short(framework)} (expected 'numpy' or 'torch')")
     import torch
 
+    dtype = node["dtype"]
     torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"{path}: unknown torch dtype {dtype!r}")
+    # Only what encode writes: its canonical name ("float32", not the alias "float"), and besides
+    # numpy's dtypes only floats stored as unsigned integers of their width (bfloat16, float8_*).
+    if not isinstance(torch_dtype, torch.dtype) or str(torch_dtype) != f"torch.{dtype}":
+        raise ValueError(f"{path}: unknown torch dtype {_short(dtype)}")
     if dtype in NUMPY_DTYPES:
         return torch.from_numpy(np.array(take(node, path, dtype)))
-    width = torch.empty((), dtype=torch_dtype).element_size()
-    return torch.from_numpy(np.array(take(node, path, _UINT_OF_WIDTH[width]))).view(torch_dtype)
+    if not torch_dtype.is_floating_point or torch_dtype.itemsize not in _UINT_OF_WIDTH:
+        raise ValueError(f"{path}: torch dtype {dtype} cannot be stored (not a float of 1, 2, 4 or 8 bytes)")
+    return torch.from_numpy(np.array(take(node, path, _UINT_OF_WIDTH[torch_dtype.itemsize]))).view(torch_dtype)
+
+
+def _numpy_dtype(node: dict[str, Any], path: str) -> str:
+    """The node's ``dtype``, which must name a numpy dtype safetensors stores."""
+    dtype = node["dtype"]
+    if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
+        raise ValueError(f"{path}: unknown numpy dtype {_short(dtype)}; known: {sorted(NUMPY_DTYPES)}")
+    return dtype
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to keep an error message on one readable line."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def states_equal(a: Any, b: Any) -> bool:
