@@ -5,6 +5,12 @@ sample); ``--request`` and ``--decode`` read only the tokens they print. Every m
 the whole file through its checksums (one sequential read, constant memory, no tokens decoded), so
 a damaged file is reported rather than summarised; ``--verify`` also loads the snapshot and checks
 every rule of the format.
+
+A snapshot is input from elsewhere: its group ids, strings and decoded text may hold control
+characters (``ESC [ 2 J`` clears a terminal) or bidirectional overrides (which make text read
+differently from its bytes). The text output shows every such character as a Python-style escape
+(``\\x1b``, ``\\u202e``; backslashes themselves are left alone); decoded text keeps its line breaks
+and tabs. ``--json`` output escapes them too.
 """
 
 from __future__ import annotations
@@ -20,6 +26,20 @@ from partial_rollout.fingerprint import TOKENIZER_FILENAME, find_tokenizer_file,
 from partial_rollout.snapshot.reader import SnapshotReader
 from partial_rollout.snapshot.schema import GroupRecord, SampleRecord
 from partial_rollout.snapshot.summary import summarize
+
+_CONTROL_CHARACTERS = [
+    *range(0x20),  # C0 controls, ESC among them
+    *range(0x7F, 0xA0),  # DEL and the C1 controls (0x9b is a one-byte CSI to some terminals)
+    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),  # bidirectional controls
+]
+_ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CONTROL_CHARACTERS} | {
+    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+}
+"""str.translate table: each control character to its Python-style escape."""
+_TEXT_ESCAPES = {c: e for c, e in _ESCAPES.items() if c not in (ord("\n"), ord("\t"))}
+"""The same, keeping line breaks and tabs, for decoded text shown as a block."""
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _CONTROL_CHARACTERS if c >= 0x20}
+"""For JSON output: what ``json.dumps`` escapes already (C0) is left to it."""
 
 EXAMPLES = """\
 examples:
@@ -88,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
         if args.request is not None:
             group, sample = _find_request(reader, args.request)
             report = _request(group, sample, tokenizer)
-            print(json.dumps(report, ensure_ascii=False, indent=2) if args.json else _format_request(report))
+            print(_json(report) if args.json else _format_request(report))
             return EXIT_OK
         summary = summarize(reader, limit=args.limit)
         if tokenizer is not None:
             for row in summary["in_flight"]["rows"]:
                 sample = reader.group(row["group_id"]).samples[row["sample"]]
                 row["text"] = tokenizer.decode(sample.token_ids.tolist(), skip_special_tokens=False)
-        print(json.dumps(summary, ensure_ascii=False, indent=2) if args.json else _format_summary(summary))
+        print(_json(summary) if args.json else _format_summary(summary))
     return EXIT_OK
 
 
@@ -114,13 +134,13 @@ def _verify(args: argparse.Namespace) -> int:
     except SnapshotError as exc:
         if not args.json:
             raise
-        print(json.dumps({"path": args.path, "intact": False, "error": str(exc)}, ensure_ascii=False, indent=2))
+        print(_json({"path": args.path, "intact": False, "error": str(exc)}))
         return EXIT_BAD_INPUT
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(_json(result))
     else:
         print(
-            f"{result['path']}: intact: {result['groups']} groups, {result['samples']} samples,"
+            f"{_printable(result['path'])}: intact: {result['groups']} groups, {result['samples']} samples,"
             f" {result['tokens']} tokens; the checksums of {result['tensors']} tensors and of the metadata"
             " match, every rule holds"
         )
@@ -215,24 +235,24 @@ def _request(group: GroupRecord, sample: SampleRecord, tokenizer: Any) -> dict[s
 def _format_request(r: dict[str, Any]) -> str:
     sampling = r["sampling"]
     lines = [
-        f"sample {r['group_id']}/{r['sample']}: {r['state']}"
+        f"sample {_printable(r['group_id'])}/{r['sample']}: {r['state']}"
         f" (group {r['group_state']}, dispatched at version {r['dispatch_version']})",
         f"prompt {r['prompt_tokens']} tokens, prefix {r['prefix_tokens']} tokens, max_tokens {sampling['max_tokens']},"
         f" remaining {r['remaining_tokens']}",
-        "sampling: " + " ".join(f"{k}={v}" for k, v in sampling.items() if k != "max_tokens"),
-        f"finish_reason {r['finish_reason']}, stop_reason {r['stop_reason']}, reward {r['reward']}",
-        f"sampler state {r['sampler_state_bytes']} bytes, inexact: {r['inexact'] or 'no'}",
-        f"data: {json.dumps(r['data'], ensure_ascii=False)}",
+        "sampling: " + " ".join(f"{k}={_printable(v)}" for k, v in sampling.items() if k != "max_tokens"),
+        f"finish_reason {_printable(r['finish_reason'])}, stop_reason {_printable(r['stop_reason'])}, reward {r['reward']}",
+        f"sampler state {r['sampler_state_bytes']} bytes, inexact: {_printable(r['inexact'] or 'no')}",
+        f"data: {_printable(json.dumps(r['data'], ensure_ascii=False))}",
     ]
     header = ["position", "id", "logprob", "version"] + (["text"] if "text" in r else [])
     rows = [
         [str(t["position"]), str(t["id"]), f"{t['logprob']:.4f}", str(t["version"])]
-        + ([json.dumps(t["text"], ensure_ascii=False)] if "text" in t else [])
+        + ([_printable(json.dumps(t["text"], ensure_ascii=False))] if "text" in t else [])
         for t in r["tokens"]
     ]
     lines += ["", *_table(header, rows, numeric=range(4))]
     if "text" in r:
-        lines += ["", "text:", r["text"]]
+        lines += ["", "text:", r["text"].translate(_TEXT_ESCAPES)]
     return "\n".join(lines)
 
 
@@ -240,8 +260,8 @@ def _format_summary(s: dict[str, Any]) -> str:
     c, v, size = s["counts"], s["policy_versions"], s["size"]
     per_token = "n/a" if size["bytes_per_token"] is None else f"{size['bytes_per_token']:.2f}"
     lines = [
-        f"{s['path']}",
-        f"  format        {s['format']} v{s['format_version']}, written by {s['writer']}",
+        _printable(s["path"]),
+        f"  format        {s['format']} v{s['format_version']}, written by {_printable(s['writer'])}",
         f"  trainer step  {s['trainer_step']}, policy version {s['policy_version']}",
         f"  groups        {c['groups']}: {c['groups_pending']} pending prompts, {c['groups_in_flight']} in flight"
         f" ({c['groups_partial']} partial), {c['groups_ready']} ready",
@@ -256,7 +276,7 @@ def _format_summary(s: dict[str, Any]) -> str:
         f"  size          {size['file_bytes']:,} bytes, {size['sampler_state_bytes']:,} of them sampler states;"
         f" {per_token} bytes per generated token besides sampler states",
         "  fingerprints",
-        *(f"    {k:<13} {val}" for k, val in s["fingerprints"].items()),
+        *(f"    {k:<13} {_printable(val)}" for k, val in s["fingerprints"].items()),
         "",
     ]
     table = s["in_flight"]
@@ -265,13 +285,15 @@ def _format_summary(s: dict[str, Any]) -> str:
     if rows and "text" in rows[0]:
         for row in rows:
             versions = _span(row["versions"])
-            lines.append(f"--- {row['group_id']}/{row['sample']} ({row['prefix_tokens']} tokens, versions {versions})")
-            lines.append(row["text"])
+            lines.append(
+                f"--- {_printable(row['group_id'])}/{row['sample']} ({row['prefix_tokens']} tokens, versions {versions})"
+            )
+            lines.append(row["text"].translate(_TEXT_ESCAPES))
     elif rows:
         header = ["group", "sample", "prompt", "prefix", "remaining", "versions", "seeded", "sampler_state", "inexact"]
         body = [
             [
-                row["group_id"],
+                _printable(row["group_id"]),
                 str(row["sample"]),
                 str(row["prompt_tokens"]),
                 str(row["prefix_tokens"]),
@@ -279,7 +301,7 @@ def _format_summary(s: dict[str, Any]) -> str:
                 _span(row["versions"]),
                 "yes" if row["seeded"] else "no",
                 f"{row['sampler_state_bytes']} B" if row["sampler_state_bytes"] else "no",
-                row["inexact"] or "-",
+                _printable(row["inexact"] or "-"),
             ]
             for row in rows
         ]
@@ -310,4 +332,15 @@ def _span(span: list[int] | None) -> str:
 
 
 def _pairs(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in counts.items()) or "-"
+    return ", ".join(f"{_printable(k)}={v}" for k, v in counts.items()) or "-"
+
+
+def _printable(value: object) -> str:
+    """``str(value)`` with every control character escaped, so snapshot content cannot drive the terminal."""
+    return str(value).translate(_ESCAPES)
+
+
+def _json(value: object) -> str:
+    """Indented JSON; non-ASCII text stays readable, control characters JSON itself leaves raw
+    (DEL, C1, bidirectional) are escaped as ``\\uXXXX``."""
+    return json.dumps(value, ensure_ascii=False, indent=2).translate(_JSON_ESCAPES)

@@ -207,6 +207,55 @@ def test_request_with_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert '"<|bos|>"' in out and out.rstrip().endswith("<|bos|>h\u00e9llo w\u00f6rld \u2713")
 
 
+EVIL = "\x1b[2J\x9b31m\u202eevil\r"
+"""Clears the screen, a one-byte CSI, a right-to-left override and a carriage return."""
+RAW_CONTROLS = ("\x1b", "\x9b", "\u202e", "\r")
+
+
+def evil_snapshot(tokenizer: Tokenizer, tokenizer_dir: Path) -> Snapshot:
+    """Control characters wherever a snapshot holds text: group id, decoded tokens, strings, data."""
+    prefix = tokenizer.encode(f"line one{EVIL}\nline two").ids
+    sample = SampleRecord(
+        index=0, state=SampleState.IN_FLIGHT, sampling=SamplingSpec(max_tokens=64, stop=(EVIL,)),
+        token_ids=prefix, logprobs=[-0.5] * len(prefix), versions=[1] * len(prefix), inexact=f"why{EVIL}",
+    )
+    group = GroupRecord(
+        group_id=f"q{EVIL}", prompt_token_ids=[1], state=GroupState.IN_FLIGHT, dispatch_version=1, samples=[sample],
+        data={"answer": EVIL},
+    )
+    fp = fingerprints(tokenizer=tokenizer_fingerprint(tokenizer_dir), vocab_size=tokenizer.get_vocab_size(), model_path=EVIL)
+    return Snapshot(trainer_step=1, policy_version=1, fingerprints=fp, groups=[group], counters={EVIL: 1})
+
+
+def test_control_characters_are_printed_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A crafted snapshot cannot drive the terminal: every control character comes out escaped."""
+    ckpt = tmp_path / "ckpt"
+    tokenizer = train_tokenizer(ckpt, CORPUS)
+    save_snapshot(evil_snapshot(tokenizer, ckpt), ckpt)
+    escaped = "\\x1b[2J\\x9b31m\\u202eevil\\r"
+    request = f"q{EVIL}/0"
+    for args in ([], ["--decode"], ["--request", request], ["--request", request, "--decode"]):
+        status, out, err = dump(capsys, str(ckpt), *args)
+        assert status == EXIT_OK, err
+        assert not any(c in out for c in RAW_CONTROLS), (args, out)
+        assert f"q{escaped}" in out, (args, out)
+    _, out, _ = dump(capsys, str(ckpt), "--decode")
+    assert f"line one{escaped}\nline two" in out  # decoded text keeps its line breaks
+    assert f"model_path    {escaped}" in out and f"{escaped}=1" in out
+    _, out, _ = dump(capsys, str(ckpt))
+    assert f"why{escaped}" in out
+    _, out, _ = dump(capsys, str(ckpt), "--request", request, "--decode")
+    assert f"stop=['{escaped}']" in out and f'data: {{"answer": "\\u001b{escaped[4:]}"}}' in out
+
+    for args in (["--json", "--decode"], ["--request", request, "--json", "--decode"]):
+        status, out, _ = dump(capsys, str(ckpt), *args)
+        assert status == EXIT_OK and not any(c in out for c in RAW_CONTROLS)
+        report = json.loads(out)  # escaped, yet the same strings
+        group_id = report["group_id"] if "group_id" in report else report["in_flight"]["rows"][0]["group_id"]
+        assert group_id == f"q{EVIL}"
+        assert (report.get("text") or report["in_flight"]["rows"][0]["text"]) == f"line one{EVIL}\nline two"
+
+
 def test_decode_refuses_another_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A tokenizer whose sha256 differs from the fingerprint would print the wrong text: refused."""
     tokenizer = train_tokenizer(tmp_path / "ckpt", CORPUS)
