@@ -36,9 +36,52 @@ def test_tokenizer_fingerprint_is_sha256_of_the_file(tmp_path: Path) -> None:
 
 
 def test_tokenizer_fingerprint_needs_a_file(tmp_path: Path) -> None:
-    with pytest.raises(BadInputError, match=r"tokenizer: no tokenizer.json here") as info:
+    with pytest.raises(BadInputError, match=r"tokenizer: no tokenizer.json or tokenizer.model here") as info:
         tokenizer_fingerprint(tmp_path)
     assert str(tmp_path) in str(info.value)
+    with pytest.raises(BadInputError, match=r"tokenizer: no tokenizer.json here"):
+        tokenizer_fingerprint(tmp_path / "missing")
+
+
+def sentencepiece_identity(model: bytes, *, added_tokens: dict | None = None, decoder: dict | None = None) -> str:
+    """The documented digest of a sentencepiece-only folder, computed independently."""
+    identity = {"added_tokens": added_tokens or {}, "added_tokens_decoder": decoder or {},
+                "tokenizer_model": hashlib.sha256(model).hexdigest()}
+    return "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_sentencepiece_only_folder(tmp_path: Path) -> None:
+    """A folder with only tokenizer.model (which vLLM and the engine factory accept) has a fingerprint:
+    its model's bytes and its added tokens, not the rest of tokenizer_config.json."""
+    model = bytes(range(256)) * 4  # arbitrary bytes: hashed, never parsed (no sentencepiece needed)
+    (tmp_path / "tokenizer.model").write_bytes(model)
+    base = tokenizer_fingerprint(tmp_path)
+    assert base == sentencepiece_identity(model)
+    assert tokenizer_fingerprint(tmp_path / "tokenizer.model") == base  # the file names its folder
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}", "model_max_length": 4096}))
+    assert tokenizer_fingerprint(tmp_path) == base  # nothing that changes what an id means
+    decoder = {"32000": {"content": "<tool>", "special": True}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "x", "added_tokens_decoder": decoder}))
+    assert tokenizer_fingerprint(tmp_path) == sentencepiece_identity(model, decoder=decoder) != base
+    (tmp_path / "added_tokens.json").write_text(json.dumps({"<extra>": 32001}))
+    assert tokenizer_fingerprint(tmp_path) == sentencepiece_identity(model, added_tokens={"<extra>": 32001}, decoder=decoder)
+
+    (tmp_path / "tokenizer.model").write_bytes(model[:-1] + b"\x00")
+    assert tokenizer_fingerprint(tmp_path) != sentencepiece_identity(model, added_tokens={"<extra>": 32001}, decoder=decoder)
+
+    (tmp_path / "tokenizer.json").write_bytes(b"{}")  # a fast tokenizer beside it is what identifies the folder
+    assert tokenizer_fingerprint(tmp_path) == "sha256:" + hashlib.sha256(b"{}").hexdigest()
+
+
+def test_sentencepiece_folder_with_a_damaged_config(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.model").write_bytes(b"\x00\x01")
+    (tmp_path / "tokenizer_config.json").write_text("{")
+    with pytest.raises(BadInputError, match=r"tokenizer_config.json: tokenizer: not valid JSON"):
+        tokenizer_fingerprint(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(BadInputError, match=r"tokenizer_config.json: tokenizer: must be a JSON object, got list"):
+        tokenizer_fingerprint(tmp_path)
 
 
 def test_model_fingerprint_ignores_weight_values_and_sharding(tmp_path: Path) -> None:

@@ -455,7 +455,8 @@ class Fingerprints:
     model: str
     """Model identity, e.g. :func:`partial_rollout.fingerprint.model_fingerprint`."""
     tokenizer: str
-    """``sha256:<hex>`` of tokenizer.json (:func:`partial_rollout.fingerprint.tokenizer_fingerprint`)."""
+    """``sha256:<hex>`` of tokenizer.json, or of a sentencepiece tokenizer's model and added tokens
+    (:func:`partial_rollout.fingerprint.tokenizer_fingerprint`)."""
     vocab_size: int
     """Size of the model's vocabulary; every stored token id is below it."""
     vllm_version: str
