@@ -1,35 +1,23 @@
 """Every call the benchmark makes on an engine, and nothing else.
 
-The engine's API is still moving; keeping its calls here means a change to it is adapted in this
-file alone. The rest of the benchmark sees an opaque engine object and these functions.
+The rest of the benchmark sees an opaque engine object and these functions, so a change to the
+engine's interface (:class:`~partial_rollout.engine.protocol.RolloutEngine`) is adapted here alone.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
 if TYPE_CHECKING:
-    from partial_rollout.engine.adapter import Cut
-    from partial_rollout.engine.factory import EngineConfig
+    from partial_rollout.engine import Cut, EngineConfig, Progress, ResumableEngine
 
 
-@dataclass(frozen=True)
-class Progress:
-    """The engine's progress counters at one instant."""
-
-    live_tokens: dict[str, int]
-    """Tokens each running request has generated on this engine so far (a resumed prefix not counted)."""
-    steps: int
-    """Engine steps that produced outputs since the engine started."""
-
-
-async def start(config: EngineConfig) -> tuple[Any, float]:
+async def start(config: EngineConfig) -> tuple[ResumableEngine, float]:
     """A fresh engine (new engine-core process, cold KV cache) counting its steps; and its start-up seconds."""
-    from partial_rollout.engine.adapter import ResumableEngine
+    from partial_rollout.engine import ResumableEngine
 
     t = time.perf_counter()
     engine = await ResumableEngine.start(config, count_steps=True)
@@ -37,33 +25,33 @@ async def start(config: EngineConfig) -> tuple[Any, float]:
 
 
 async def generate(
-    engine: Any, rid: str, prompt: list[int], sampling: SamplingSpec, *, index: int,
+    engine: ResumableEngine, rid: str, prompt: list[int], sampling: SamplingSpec, *, index: int,
     resume_from: SampleRecord | None = None,
 ) -> SampleRecord:
     """Generate sample ``index`` of a group to the end; with ``resume_from``, continue that saved prefix."""
-    del index  # the sample index is in ``rid`` for this engine API
-    return await engine.generate(rid, prompt, sampling, resume_from=resume_from)
+    return await engine.generate(rid, prompt, sampling, index=index, resume_from=resume_from)
 
 
-async def fingerprints(engine: Any) -> Fingerprints:
-    return engine.fingerprints()
+async def fingerprints(engine: ResumableEngine) -> Fingerprints:
+    return await engine.fingerprints()
 
 
-async def progress(engine: Any) -> Progress:
-    return Progress(live_tokens=engine.live_tokens(), steps=engine.steps.steps)
+async def progress(engine: ResumableEngine) -> Progress:
+    """Live tokens per request and engine steps (always counted: :func:`start` asks for them)."""
+    return await engine.progress()
 
 
-async def pause_and_capture(engine: Any) -> Cut:
+async def pause_and_capture(engine: ResumableEngine) -> Cut:
     return await engine.pause_and_capture()
 
 
-async def resume(engine: Any) -> None:
+async def resume(engine: ResumableEngine) -> None:
     await engine.resume()
 
 
-async def reset_prefix_cache(engine: Any) -> None:
+async def reset_prefix_cache(engine: ResumableEngine) -> None:
     await engine.reset_prefix_cache()
 
 
-async def shutdown(engine: Any) -> None:
+async def shutdown(engine: ResumableEngine) -> None:
     await engine.shutdown()

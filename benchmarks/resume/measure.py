@@ -75,7 +75,9 @@ class Clocks:
     @classmethod
     async def read(cls, engine: Any) -> Clocks:
         wall_s, cpu_s = time.perf_counter(), tree_cpu_s()
-        return cls(wall_s, cpu_s, (await calls.progress(engine)).steps)
+        steps = (await calls.progress(engine)).steps
+        assert steps is not None, "engine started without count_steps"
+        return cls(wall_s, cpu_s, steps)
 
     def __sub__(self, other: Clocks) -> Clocks:
         return Clocks(self.wall_s - other.wall_s, self.cpu_s - other.cpu_s, self.steps - other.steps)

@@ -15,7 +15,6 @@ benchmark's own counters stored in it, and the list of samples a restart must fi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -112,7 +111,7 @@ def build_snapshot(
             records.append(GroupRecord(group_id=g.group_id, prompt_token_ids=g.prompt, state=GroupState.PENDING,
                                        samples=samples, data={"bench": "resume_throughput"}))
             continue
-        samples = [dataclasses.replace(cut[g.rid(i)], index=i) for i in range(len(g.specs))]
+        samples = [cut[g.rid(i)] for i in range(len(g.specs))]
         state = GroupState.READY if all(s.state is SampleState.FINISHED for s in samples) else GroupState.IN_FLIGHT
         records.append(GroupRecord(group_id=g.group_id, prompt_token_ids=g.prompt, state=state, dispatch_version=0,
                                    samples=samples, data={"bench": "resume_throughput"}))
