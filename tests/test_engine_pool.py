@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from partial_rollout.engine import exactness
-from partial_rollout.engine.factory import EngineConfig
-from partial_rollout.engine.pool import EnginePool
+from partial_rollout.engine import EngineConfig, EnginePool
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]
@@ -37,7 +36,7 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
             pool = await EnginePool.ray(config, 2)
             try:
                 assert len(pool.engines) == 2
-                tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s)) for rid, (p, s) in work.items()}
+                tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
                 await asyncio.sleep(0.3)
                 cut = await pool.pause_and_capture()
                 await pool.resume()
@@ -55,7 +54,7 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         pool = await EnginePool.local(config)
         try:
             assert await pool.fingerprints() == prints
-            return await asyncio.gather(*[pool.generate(rid, work[rid][0], work[rid][1], resume_from=cut.samples[rid])
+            return await asyncio.gather(*[pool.generate(rid, work[rid][0], work[rid][1], index=0, resume_from=cut.samples[rid])
                                           for rid in work])
         finally:
             await pool.shutdown()

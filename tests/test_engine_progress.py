@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from partial_rollout.engine.adapter import ResumableEngine
-from partial_rollout.engine.factory import EngineConfig
+from partial_rollout.engine import EngineConfig, ResumableEngine
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = pytest.mark.engine
@@ -25,22 +24,28 @@ def test_steps_and_live_tokens_match_the_engine(loop_thread, tiny_llama: Path) -
     async def run():
         engine = await ResumableEngine.start(config, count_steps=True)
         try:
-            assert engine.steps is not None and engine.steps.steps > 0  # the warm-up request ran
-            before = (engine.steps.steps, engine.steps.generation_tokens)
-            alone = await engine.generate("alone", [5, 6, 7], SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True))
-            lone = (engine.steps.steps - before[0], engine.steps.generation_tokens - before[1])
+            start = await engine.progress()
+            assert start.steps is not None and start.steps > 0  # the warm-up request ran
+            alone = await engine.generate("alone", [5, 6, 7], SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True),
+                                          index=0)
+            end = await engine.progress()
+            lone = (end.steps - start.steps, end.generation_tokens - start.generation_tokens)
+            assert end.tokens_received - start.tokens_received == 20
 
             spec = SamplingSpec(max_tokens=400, temperature=1.0, seed=3, ignore_eos=True)
-            tasks = {rid: asyncio.ensure_future(engine.generate(rid, [9, 10 + i], spec)) for i, rid in enumerate(("a", "b"))}
-            while min(engine.live_tokens().get(rid, 0) for rid in tasks) < 10:
+            tasks = {rid: asyncio.ensure_future(engine.generate(rid, [9, 10 + i], spec, index=i)) for i, rid in enumerate(("a", "b"))}
+            while True:
+                live = (await engine.progress()).live_tokens
+                if min(live.get(rid, 0) for rid in tasks) >= 10:
+                    break
                 await asyncio.sleep(0.005)
             cut = await engine.pause_and_capture()
-            frozen = engine.live_tokens()
+            frozen = (await engine.progress()).live_tokens
             await asyncio.sleep(0.05)
-            still = engine.live_tokens()
+            still = (await engine.progress()).live_tokens
             await engine.resume()
             done = await asyncio.gather(*tasks.values())
-            after_done = engine.live_tokens()
+            after_done = (await engine.progress()).live_tokens
             await engine.reset_prefix_cache()
             return alone, lone, cut, frozen, still, done, after_done
         finally:
@@ -53,6 +58,7 @@ def test_steps_and_live_tokens_match_the_engine(loop_thread, tiny_llama: Path) -
     for rid in ("a", "b"):
         record = cut.samples[rid]
         assert record.state is SampleState.IN_FLIGHT
+        assert record.index == ("a", "b").index(rid), "a cut record carries the index it was submitted with"
         assert frozen[rid] == record.num_tokens >= 10
     assert all(r.num_tokens == 400 for r in done)
     assert after_done == {}, "finished requests leave the live counter"

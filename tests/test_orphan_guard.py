@@ -13,7 +13,7 @@ import pytest
 
 _CHILD = r"""
 import asyncio, os, sys
-from partial_rollout.engine.adapter import ResumableEngine
+from partial_rollout.engine import ResumableEngine
 from partial_rollout.engine.factory import EngineConfig
 
 async def main():

