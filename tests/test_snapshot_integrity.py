@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from test_snapshot_fixtures import (
+from snapshot_helpers import (
     data_span,
     example_snapshot,
     fingerprints,
@@ -21,7 +21,7 @@ from test_snapshot_fixtures import (
 )
 
 from partial_rollout.errors import SnapshotError
-from partial_rollout.snapshot import SNAPSHOT_FILENAME, SnapshotReader, container, find_snapshot, load_snapshot, save_snapshot
+from partial_rollout.snapshot import SNAPSHOT_FILENAME, SampleState, SnapshotReader, container, find_snapshot, load_snapshot, save_snapshot
 
 
 @pytest.fixture()
@@ -223,6 +223,27 @@ def test_fingerprint_mismatch_names_the_field(saved: Path) -> None:
         assert repr(value) in str(info.value)
     with pytest.raises(SnapshotError, match=r"fingerprints\.extra\.world_size"):
         load_snapshot(saved, expect=fingerprints(extra={"world_size": "8"}))
+
+
+def test_a_snapshot_of_another_vllm_resumes_only_on_request_and_inexactly(saved: Path) -> None:
+    """Never stranded, never silently exact: refused naming both versions and the override, or loaded
+    with every in-flight sample's sampler state dropped and the change declared."""
+    other = fingerprints(vllm_version="0.99")
+    with pytest.raises(SnapshotError, match=r"saved under vLLM '0\.32\.0' but this run has '0\.99'.*allow_vllm_change"):
+        load_snapshot(saved, expect=other)
+    original = load_snapshot(saved)
+    assert any(s.sampler_state for _, s in original.iter_samples(SampleState.IN_FLIGHT)), "fixture has sampler states"
+    with pytest.warns(UserWarning, match="continue inexactly"):
+        moved = load_snapshot(saved, expect=other, allow_vllm_change=True)
+    for (_, before), (_, after) in zip(original.iter_samples(), moved.iter_samples(), strict=True):
+        np.testing.assert_array_equal(after.token_ids, before.token_ids)
+        if before.state is SampleState.IN_FLIGHT:
+            assert after.sampler_state is None
+            assert after.inexact == (before.inexact or "saved under vLLM 0.32.0, continued under vLLM 0.99")
+        else:
+            assert after == before
+    with pytest.raises(SnapshotError, match=r"fingerprints\.tokenizer"):  # the override covers vLLM only
+        load_snapshot(saved, expect=fingerprints(vllm_version="0.99", tokenizer="sha256:other"), allow_vllm_change=True)
 
 
 def test_find_snapshot_in_folders(tmp_path: Path) -> None:

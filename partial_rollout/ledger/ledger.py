@@ -305,7 +305,9 @@ class WorkLedger:
         save_snapshot(snapshot, folder)
         return snapshot
 
-    def load(self, folder: str | os.PathLike[str], *, expect: Fingerprints | None = None) -> Snapshot:
+    def load(
+        self, folder: str | os.PathLike[str], *, expect: Fingerprints | None = None, allow_vllm_change: bool = False,
+    ) -> Snapshot:
         """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the rest of the resume.
 
         Raises:
@@ -313,7 +315,7 @@ class WorkLedger:
                 :func:`~partial_rollout.snapshot.load_snapshot`), or its ledger manifest is invalid.
         """
         file = find_snapshot(folder)
-        snapshot = load_snapshot(file, expect=expect)
+        snapshot = load_snapshot(file, expect=expect, allow_vllm_change=allow_vllm_change)
         field = f"metadata.{LEDGER_METADATA_KEY}"
         self._load_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
         self.snapshot_file = file.name  # the file actually read, should it have been renamed

@@ -13,9 +13,11 @@ Every problem raises :class:`~partial_rollout.errors.SnapshotError` naming the f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import os
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from partial_rollout.snapshot.schema import (
     Fingerprints,
     GroupRecord,
     SampleRecord,
+    SampleState,
     SamplingSpec,
     Snapshot,
     check_group,
@@ -79,22 +82,40 @@ def find_snapshot(path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_snapshot(path: str | os.PathLike[str], *, expect: Fingerprints | None = None) -> Snapshot:
+def load_snapshot(
+    path: str | os.PathLike[str], *, expect: Fingerprints | None = None, allow_vllm_change: bool = False,
+) -> Snapshot:
     """Load and fully check the snapshot at ``path`` (a file, or a checkpoint folder holding one).
 
     Args:
         path: the snapshot file or its checkpoint folder.
         expect: the fingerprints of the run about to resume; when given, the snapshot's must
             match (model, tokenizer, vocab_size, vllm_version and every ``extra`` key).
+        allow_vllm_change: accept a snapshot written under another vLLM version than ``expect``'s.
+            Its samples then continue without their sampler states (another vLLM may draw
+            differently), each declared ``inexact`` with both versions named.
 
     Raises:
         SnapshotError: the file is damaged, of another format or version, or its fingerprints
             differ from ``expect`` (the field is named, e.g. ``fingerprints.tokenizer``).
     """
     with SnapshotReader(path) as reader:
-        if expect is not None:
-            reader.check_fingerprints(expect)
-        return reader.load()
+        if expect is None:
+            return reader.load()
+        reader.check_fingerprints(expect, allow_vllm_change=allow_vllm_change)
+        snapshot = reader.load()
+    saved, now = snapshot.fingerprints.vllm_version, expect.vllm_version
+    if saved == now:
+        return snapshot
+    reason = f"saved under vLLM {saved}, continued under vLLM {now}"
+    warnings.warn(f"{reader.path}: in-flight samples continue inexactly: {reason}", stacklevel=2)
+    for group in snapshot.groups:
+        group.samples = [
+            s if s.state is not SampleState.IN_FLIGHT else dataclasses.replace(
+                s, sampler_state=None, inexact=s.inexact or reason)
+            for s in group.samples
+        ]
+    return snapshot
 
 
 class SnapshotReader:
@@ -404,9 +425,19 @@ class SnapshotReader:
             return np.empty(0, dtype=layout.TENSORS[name])
         return self._read(name, (start, stop))
 
-    def check_fingerprints(self, expect: Fingerprints) -> None:
+    def check_fingerprints(self, expect: Fingerprints, *, allow_vllm_change: bool = False) -> None:
         """Raise unless the snapshot's fingerprints match ``expect`` (see :meth:`Fingerprints.mismatches`)."""
         mismatches = expect.mismatches(self.fingerprints)
+        if mismatches == ["vllm_version"] and not allow_vllm_change:
+            raise self._error(
+                f"the snapshot was saved under vLLM {self.fingerprints.vllm_version!r} but this run has "
+                f"{expect.vllm_version!r}",
+                "fingerprints.vllm_version",
+                fix=f"Resume with vLLM {self.fingerprints.vllm_version}, or allow the change "
+                "(allow_vllm_change=True; in a trainer checkpointing.partial_rollouts.allow_vllm_change=true): "
+                "its in-flight samples then continue inexactly",
+            )
+        mismatches = [m for m in mismatches if not (allow_vllm_change and m == "vllm_version")]
         if mismatches:
             name = mismatches[0]
             saved = _dotted(self.fingerprints, name)
