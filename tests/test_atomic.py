@@ -49,7 +49,7 @@ def test_atomic_write_needs_the_folder(tmp_path: Path) -> None:
 
 def test_refused_snapshot_save_keeps_previous(tmp_path: Path) -> None:
     """A snapshot whose header would exceed safetensors' 100 MB limit is refused; the old file stays."""
-    from test_snapshot_fixtures import example_snapshot
+    from snapshot_helpers import example_snapshot
 
     save_snapshot(example_snapshot(trainer_step=1), tmp_path)
     with pytest.raises(ValueError, match="over safetensors' limit"):
@@ -99,7 +99,7 @@ def test_sigkill_during_save_leaves_previous_snapshot_loadable(tmp_path: Path) -
 
     Half the kills wait until a temporary exists (the save is mid-write), half land at random.
     """
-    from test_snapshot_fixtures import example_snapshot
+    from snapshot_helpers import example_snapshot
 
     path = tmp_path / SNAPSHOT_FILENAME
     save_snapshot(example_snapshot(trainer_step=0), path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from partial_rollout import demo, train
+from partial_rollout.cli import demo, train
 from partial_rollout.ledger import EventLog, WorkLedger, audit
 from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_snapshot_fixtures import data_span, example_snapshot, fingerprints, patch_header, rewrite
+from snapshot_helpers import data_span, example_snapshot, fingerprints, patch_header, rewrite
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from partial_rollout.cli import main

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from integrations.reference_grpo import CONFIG_DIR, load_config, run_training
-from integrations.reference_grpo.__main__ import main
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config, run_training
+from partial_rollout_integrations.reference_grpo.__main__ import main
 from partial_rollout.errors import EXIT_BAD_INPUT, ConfigError
 from partial_rollout.snapshot import Fingerprints
 
@@ -64,19 +64,20 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
 class _PlainEngine:
     """An engine that generates but cannot cut its in-flight requests (no pause_and_capture/resume)."""
 
-    async def generate(self, request_id, prompt_token_ids, sampling, *, resume_from=None):  # noqa: ANN001, ANN201
+    async def generate(self, request_id, prompt_token_ids, sampling, *, index, resume_from=None):  # noqa: ANN001, ANN201
         raise AssertionError("must not be reached: the config check comes first")
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         raise AssertionError("must not be reached")
 
-    def fingerprints(self) -> Fingerprints:
+    async def fingerprints(self) -> Fingerprints:
         raise AssertionError("must not be reached")
 
 
-def test_partial_rollouts_on_with_an_engine_that_cannot_capture_fails_at_start(tmp_path: Path) -> None:
+def test_an_engine_that_cannot_capture_fails_at_start(tmp_path: Path) -> None:
     cfg = load_config(CONFIG_DIR / "fast.yaml", [f"checkpointing.checkpoint_dir={tmp_path}/c", f"logger.log_dir={tmp_path}/l"])
-    with pytest.raises(ConfigError, match=r"partial_rollouts.enabled: is on, but the engine \(_PlainEngine\) cannot capture"):
+    with pytest.raises(ConfigError, match=r"engine: _PlainEngine is not a RolloutEngine: it lacks capabilities, pause_and_capture, progress, "
+                       r"reset_prefix_cache, resume, shutdown"):
         asyncio.run(run_training(cfg, engine=_PlainEngine(), progress=False))
     assert not (tmp_path / "l").exists()  # nothing was started or written
 
@@ -92,3 +93,23 @@ def test_command_line_prints_one_line_and_exits_bad_input(capsys: pytest.Capture
     assert main([str(DEMO), "checkpointing.save_period=0"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert err == "error: checkpointing.save_period: must be a positive number of steps, got 0"
+
+
+def test_resume_with_another_model_names_both_models_before_loading_weights(tmp_path: Path, tiny_qwen2: Path) -> None:
+    """A checkpoint of the tiny Llama resumed with ``policy.model_name`` set to the tiny Qwen2 fails in one line."""
+    from partial_rollout.fingerprint import model_fingerprint, tokenizer_fingerprint
+    from partial_rollout.ledger import WorkLedger
+    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout_integrations.reference_grpo import checkpoint
+
+    llama = build_tiny_model(TinyModelSpec(arch="llama"))
+    folder = checkpoint.begin(tmp_path / "c", 2)
+    prints = Fingerprints(model=model_fingerprint(llama), tokenizer=tokenizer_fingerprint(llama), vocab_size=512,
+                          vllm_version="0.32.0", model_path=str(llama))
+    WorkLedger().save(folder, trainer_step=2, policy_version=2, fingerprints=prints, loader_state=None)
+    checkpoint.commit(folder)
+    cfg = load_config(CONFIG_DIR / "fast.yaml", [f"checkpointing.checkpoint_dir={tmp_path}/c",
+                                                 f"logger.log_dir={tmp_path}/l", f"++policy.model_name={tiny_qwen2}"])
+    with pytest.raises(ConfigError, match=rf"policy.model_name: the checkpoint was trained from '{llama}', "
+                                          rf"this run has '{tiny_qwen2}'"):
+        asyncio.run(run_training(cfg, resume=True, progress=False))

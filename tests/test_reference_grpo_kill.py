@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from integrations.reference_grpo import CONFIG_DIR, load_config
-from integrations.reference_grpo.kill_resume import KillPlan, KillResumeRun, kill_and_resume
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
+from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, KillResumeRun, kill_and_resume
 from partial_rollout.ledger import EVENTS_FILENAME, AuditReport, audit, effective_timeline, read_events
 from partial_rollout.snapshot import load_snapshot
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from integrations.reference_grpo import CONFIG_DIR, checkpoint, load_config, task
-from integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
-from integrations.reference_grpo.policy import Policy
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, checkpoint, load_config, task
+from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
+from partial_rollout_integrations.reference_grpo.policy import Policy
 from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 from partial_rollout.snapshot import GroupRecord, SampleRecord, SamplingSpec
 

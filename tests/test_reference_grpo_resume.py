@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from integrations.reference_grpo import CONFIG_DIR, GRPOLoop, load_config
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, GRPOLoop, load_config
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import EventLog, WorkLedger, audit, read_events, request_id
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from safetensors.numpy import load_file
-from test_snapshot_fixtures import VOCAB, bytes_per_token, example_snapshot, fingerprints, read_file, snapshots
+from snapshot_helpers import VOCAB, bytes_per_token, example_snapshot, fingerprints, read_file, snapshots
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from partial_rollout.snapshot import (

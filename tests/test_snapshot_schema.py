@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_snapshot_fixtures import example_snapshot, fingerprints, sample
+from snapshot_helpers import example_snapshot, fingerprints, sample
 
 from partial_rollout.snapshot import (
     Fingerprints,
@@ -195,3 +195,11 @@ def test_fingerprints() -> None:
 def test_snapshot_requires_fingerprints() -> None:
     with pytest.raises(ValueError, match="fingerprints must be a Fingerprints"):
         Snapshot(trainer_step=0, policy_version=0, fingerprints={"model": "m"})  # type: ignore[arg-type]
+
+
+def test_example_snapshot_covers_every_state() -> None:
+    """The shared example must exercise every state, or tests built on it prove less than they claim."""
+    snap = example_snapshot()
+    assert {g.state for g in snap.groups} == set(GroupState)
+    assert {s.state for _, s in snap.iter_samples()} == set(SampleState)
+    assert any(g.is_partial for g in snap.groups)

@@ -9,7 +9,7 @@ import sys
 import zlib
 from pathlib import Path
 
-from test_snapshot_fixtures import example_snapshot
+from snapshot_helpers import example_snapshot
 
 from partial_rollout.snapshot import SNAPSHOT_FILENAME, SampleState, SamplingSpec, SnapshotReader, load_snapshot, save_snapshot
 from partial_rollout.snapshot import layout

@@ -1,7 +1,7 @@
 """The reference async GRPO trainer: NeMo RL's SingleController loop in miniature, on a CPU.
 
 Run it with ``partial-rollout train CONFIG [key=value ...] [--resume]`` or
-``python -m integrations.reference_grpo CONFIG ...``; ``configs/demo.yaml`` is what
+``python -m partial_rollout_integrations.reference_grpo CONFIG ...``; ``configs/demo.yaml`` is what
 ``partial-rollout demo`` trains, ``configs/fast.yaml`` what the tests train.
 
 Modules: ``config`` (YAML + overrides -> checked dataclasses), ``task`` (the toy task),
@@ -22,9 +22,7 @@ _EXPORTS = {
     "CONFIG_DIR": "config",
     "MasterConfig": "config",
     "load_config": "config",
-    "CapturingEngine": "controller",
     "GRPOLoop": "controller",
-    "RolloutEngine": "controller",
     "run_training": "controller",
 }
 __all__ = sorted(_EXPORTS)

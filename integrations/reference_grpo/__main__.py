@@ -1,4 +1,4 @@
-"""``python -m integrations.reference_grpo CONFIG [overrides] [--resume]``: the trainer alone.
+"""``python -m partial_rollout_integrations.reference_grpo CONFIG [overrides] [--resume]``: the trainer alone.
 
 The same as ``partial-rollout train``; the demo runs trainers this way in child processes so it can
 kill them.
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def train(args: argparse.Namespace) -> int:
     """Load the config and train; prints the summary as one JSON line."""
-    from integrations.reference_grpo import load_config, run_training
+    from partial_rollout_integrations.reference_grpo import load_config, run_training
 
     config = load_config(args.config, args.overrides)
     summary = asyncio.run(run_training(config, resume=args.resume, progress=not args.no_progress))
@@ -35,7 +35,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m integrations.reference_grpo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m partial_rollout_integrations.reference_grpo", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

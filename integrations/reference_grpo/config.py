@@ -162,6 +162,9 @@ class PartialRolloutsConfig:
     """Restored work dispatched more than ``max_staleness_versions`` ago: continue it anyway (the
     sampler may evict it later), regenerate it from scratch, or drop it (evicted, reason
     ``stale_at_resume``)."""
+    allow_vllm_change: bool = False
+    """Resume a checkpoint written under another vLLM version: its in-flight samples continue
+    without their sampler states, declared inexact. Off, such a resume fails naming both versions."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -28,48 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import logging
 import shutil
 import time
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
-from integrations.reference_grpo import checkpoint, task
-from integrations.reference_grpo.config import MasterConfig
-from integrations.reference_grpo.policy import Policy
+from partial_rollout_integrations.reference_grpo import checkpoint, task
+from partial_rollout_integrations.reference_grpo.config import MasterConfig
+from partial_rollout_integrations.reference_grpo.policy import Policy
+from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import EVENTS_FILENAME, EventLog, WorkLedger, request_id
+from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger, request_id
 from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord, SampleState, SamplingSpec
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What the loop needs from any engine."""
-
-    async def generate(
-        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingSpec, *, resume_from: SampleRecord | None = None
-    ) -> SampleRecord: ...
-
-    async def update_weights(self, weights_dir: str, policy_version: int) -> None: ...
-
-    def fingerprints(self) -> Fingerprints | Awaitable[Fingerprints]: ...
-
-
-@runtime_checkable
-class CapturingEngine(RolloutEngine, Protocol):
-    """An engine that can cut its in-flight requests (required by partial rollouts)."""
-
-    async def pause_and_capture(self) -> Any: ...
-
-    async def resume(self) -> None: ...
 
 
 class GRPOLoop:
@@ -111,7 +88,8 @@ class GRPOLoop:
 
     async def restore(self, folder: Path) -> None:
         """Load the ledger's cut and re-take every permit the restored work holds (none blocks: nothing else holds one yet)."""
-        snapshot = self.ledger.load(folder, expect=self.fingerprints)
+        snapshot = self.ledger.load(folder, expect=self.fingerprints,
+                                    allow_vllm_change=self.config.checkpointing.partial_rollouts.allow_vllm_change)
         self.ledger.record_resume(step=self.step, checkpoint=str(folder),
                                   partial_rollouts=self.config.checkpointing.partial_rollouts.enabled)
         if snapshot.loader_state is not None:
@@ -216,12 +194,13 @@ class GRPOLoop:
             return
         resume_from = saved if saved.state is SampleState.IN_FLIGHT else None
         prompt = group.prompt_token_ids.tolist()
-        record = await self.engine.generate(request_id(group.group_id, index), prompt, saved.sampling, resume_from=resume_from)
+        record = await self.engine.generate(request_id(group.group_id, index), prompt, saved.sampling, index=index,
+                                            resume_from=resume_from)
         prefix = resume_from.num_tokens if resume_from is not None else 0
         self.generated_tokens += record.num_tokens - prefix
         score = task.reward(group.data, record.token_ids, num_buckets=self.config.data.num_buckets,
                             reward_tokens=self.config.data.reward_tokens)
-        self.ledger.finish(group.group_id, dataclasses.replace(record, index=index, reward=score), prefix_tokens=prefix)
+        self.ledger.finish(group.group_id, dataclasses.replace(record, reward=score), prefix_tokens=prefix)
 
     # ---------------------------------------------------------------- train pump
 
@@ -250,7 +229,7 @@ class GRPOLoop:
             reward = sum(rewards) / len(rewards)
             self.rewards.append(reward)
             self.ledger.log(
-                "train_step", step=self.step, reward=round(reward, 4),
+                TRAIN_STEP, step=self.step, reward=round(reward, 4),
                 oldest_version=min(int(s.versions.min()) for g in groups for s in g.samples),
                 tokens_per_s=round((self.generated_tokens - last_tokens) / max(now - last_time, 1e-6), 1),
                 elapsed_s=round(now - self.started, 3), **{k: round(v, 5) for k, v in metrics.items()},
@@ -295,7 +274,6 @@ class GRPOLoop:
             # NeMo RL: the live cursor and the ready groups; pending and in-flight prompts are not saved.
             self._cut(folder, states={GroupState.READY})
             return
-        assert isinstance(self.engine, CapturingEngine)
         cut = await self.engine.pause_and_capture()
         try:
             # One await-free window: the engine is frozen, and no other coroutine runs until resume().
@@ -327,15 +305,14 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     Returns:
         A summary: final step, reward per step, ledger counters.
     """
-    from partial_rollout.engine.factory import EngineConfig
-    from partial_rollout.engine.pool import EnginePool
+    from partial_rollout.engine import EngineConfig, EnginePool
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 
-    if engine is not None and config.checkpointing.partial_rollouts.enabled and not isinstance(engine, CapturingEngine):
+    if engine is not None and not isinstance(engine, RolloutEngine):
+        missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]
         raise ConfigError(
-            f"is on, but the engine ({type(engine).__name__}) cannot capture in-flight requests (no pause_and_capture/resume)",
-            field="checkpointing.partial_rollouts.enabled",
-            fix="Use the resumable engine (partial_rollout.engine), or turn partial rollouts off")
+            f"{type(engine).__name__} is not a RolloutEngine: it lacks {', '.join(missing)}", field="engine",
+            fix="Implement partial_rollout.engine.RolloutEngine, or wrap the engine in ResumableEngine")
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     restore_from = checkpoint.latest(checkpoint_dir)
     if restore_from is not None and not resume:
@@ -347,6 +324,7 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     policy = Policy(model_dir, config)
     step = 0
     if restore_from is not None:
+        _check_same_model(restore_from, model_dir)
         policy.load(restore_from / checkpoint.POLICY_DIR)
         step = int(checkpoint.read_training_info(restore_from)["current_step"])
     own_engine = engine is None
@@ -363,9 +341,7 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
             ray.init(ignore_reinit_error=True, include_dashboard=False)
             engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
     try:
-        fingerprints = engine.fingerprints()
-        if inspect.isawaitable(fingerprints):
-            fingerprints = await fingerprints
+        fingerprints = await engine.fingerprints()
         loop = GRPOLoop(config, engine=engine, policy=policy, ledger=ledger, fingerprints=fingerprints,
                         step=step, progress=progress)
         if restore_from is not None:
@@ -380,3 +356,16 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
         ledger.events.close()
         if own_engine:
             await engine.shutdown()
+
+
+def _check_same_model(folder: Path, model_dir: Path) -> None:
+    """Refuse a checkpoint of another model before torch reports a page of size mismatches."""
+    from partial_rollout.fingerprint import model_fingerprint
+    from partial_rollout.snapshot import SnapshotReader
+
+    with SnapshotReader(folder) as reader:
+        saved = reader.fingerprints
+    if saved.model != model_fingerprint(model_dir):
+        raise ConfigError(
+            f"the checkpoint was trained from {saved.model_path or saved.model!r}, this run has {str(model_dir)!r}",
+            path=folder, field="policy.model_name", fix="Resume with the model the checkpoint was saved with")

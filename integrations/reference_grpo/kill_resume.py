@@ -61,7 +61,7 @@ class KillResumeRun:
 
 
 def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "integrations.reference_grpo", str(config), *overrides, "--no-progress",
+    return [sys.executable, "-m", "partial_rollout_integrations.reference_grpo", str(config), *overrides, "--no-progress",
             *(["--resume"] if resume else [])]
 
 

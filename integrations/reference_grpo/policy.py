@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from integrations.reference_grpo.config import MasterConfig
-from integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
+from partial_rollout_integrations.reference_grpo.config import MasterConfig
+from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import GroupRecord
 

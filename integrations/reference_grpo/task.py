@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from integrations.reference_grpo.config import DataConfig
+from partial_rollout_integrations.reference_grpo.config import DataConfig
 from partial_rollout.snapshot import SamplingSpec
 
 MARKER = 400

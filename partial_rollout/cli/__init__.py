@@ -26,11 +26,11 @@ from collections.abc import Sequence
 from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, PartialRolloutError
 
 SUBCOMMAND_MODULES = (
-    "partial_rollout.demo",
-    "partial_rollout.train",
-    "partial_rollout.dump",
-    "partial_rollout.generate",
-    "partial_rollout.check_resume",
+    "partial_rollout.cli.demo",
+    "partial_rollout.cli.train",
+    "partial_rollout.cli.dump",
+    "partial_rollout.cli.generate",
+    "partial_rollout.cli.check_resume",
 )
 """Modules that provide a ``register(subparsers)`` function, in the order ``--help`` lists them."""
 
@@ -70,5 +70,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -86,28 +86,30 @@ def _workload(args: argparse.Namespace, vocab_size: int) -> dict[str, tuple[list
 
 
 async def _role(args: argparse.Namespace) -> None:
-    from partial_rollout.engine.adapter import ResumableEngine
+    from partial_rollout.engine import ResumableEngine
     from partial_rollout.engine.factory import EngineConfig
     from partial_rollout.snapshot import GroupRecord, GroupState, Snapshot, load_snapshot, save_snapshot
 
     out = Path(args.workdir)
     config = EngineConfig(model=args.model, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=args.kv_cache_memory_bytes)
-    engine = await ResumableEngine.start(config)
-    vocab = engine.fingerprints().vocab_size
+    # This command is the check an untested vLLM must pass, so it uses the internals wherever they exist.
+    engine = await ResumableEngine.start(config, trust_untested=True)
+    fingerprints = await engine.fingerprints()
+    vocab = fingerprints.vocab_size
     work = _workload(args, vocab)
     results: dict[str, Any] = {}
     if args.role == "reference":
-        records = await asyncio.gather(*[engine.generate(r, p, s) for r, (p, s) in work.items()])
+        records = await asyncio.gather(*[engine.generate(r, p, s, index=0) for r, (p, s) in work.items()])
         results = {r: rec for r, rec in zip(work, records)}
     elif args.role == "cut":
         tasks = {}
         for rid, (prompt, spec) in work.items():
-            tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec))
+            tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec, index=0))
             await asyncio.sleep(0.002)
         # cut once a random share (10-60 %) of the whole budget has been generated
         target = random.Random(args.seed + 1).uniform(0.1, 0.6) * sum(s.max_tokens for _, s in work.values())
-        while engine.tokens_received < target and not all(t.done() for t in tasks.values()):
+        while (await engine.progress()).tokens_received < target and not all(t.done() for t in tasks.values()):
             await asyncio.sleep(0.001)
         cut = await engine.pause_and_capture()
         # everything of the workload: in flight or queued at the cut, or finished before it
@@ -118,16 +120,16 @@ async def _role(args: argparse.Namespace) -> None:
             for rid in work
         ]
         snapshot = Snapshot(trainer_step=0, policy_version=engine.policy_version,
-                            fingerprints=engine.fingerprints(), groups=groups,
+                            fingerprints=fingerprints, groups=groups,
                             metadata={"pause_s": cut.pause_s, "engine_tokens": cut.engine_tokens})
         save_snapshot(snapshot, out)
         print("SAVED", flush=True)
         await asyncio.sleep(3600)  # the parent kills this process (and its engine) now
     else:
-        snapshot = load_snapshot(out, expect=engine.fingerprints())
+        snapshot = load_snapshot(out, expect=fingerprints)
         saved = {g.group_id: (g, g.samples[0]) for g in snapshot.groups}
         records = await asyncio.gather(*[
-            engine.generate(rid, g.prompt_token_ids.tolist(), rec.sampling, resume_from=rec)
+            engine.generate(rid, g.prompt_token_ids.tolist(), rec.sampling, index=0, resume_from=rec)
             for rid, (g, rec) in saved.items()
         ])
         results = {rid: rec for rid, rec in zip(saved, records)}
@@ -142,7 +144,7 @@ async def _role(args: argparse.Namespace) -> None:
 
 
 def _child(args: argparse.Namespace, role: str, workdir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "partial_rollout.check_resume", "--role", role, "--workdir", str(workdir),
+    cmd = [sys.executable, "-m", "partial_rollout.cli.check_resume", "--role", role, "--workdir", str(workdir),
            "--model", args.model, "--requests", str(args.requests), "--seed", str(args.seed),
            "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len)]
     if args.kv_cache_memory_bytes:

@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from integrations.reference_grpo import CONFIG_DIR, load_config
-    from integrations.reference_grpo.kill_resume import KillPlan, kill_and_resume
+    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
+    from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, kill_and_resume
     from partial_rollout.ledger import EVENTS_FILENAME, audit
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 

@@ -19,7 +19,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from integrations.reference_grpo.__main__ import add_arguments
+    from partial_rollout_integrations.reference_grpo.__main__ import add_arguments
 
     p = subparsers.add_parser(
         "train",
@@ -32,6 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from integrations.reference_grpo.__main__ import train
+    from partial_rollout_integrations.reference_grpo.__main__ import train
 
     return train(args)
