@@ -48,9 +48,13 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
 
     sizes = sorted({p["num_in_flight"] for p in result["points"]})
     has = lambda key: all(key in p["summary"]["modes"]["continue"] for p in result["points"])  # noqa: E731
-    rows = ([("steps", "floor_steps", "engine steps")] if has("floor_steps") else []) + [("recovery_s", "floor_s", "recovery time (s)")]
+    rows = ([("steps", "floor_steps", "engine steps")] if has("floor_steps") else []) + [
+        ("recovery_s", "floor_s", "recovery time (s)")
+    ]
     rows += [("cpu_s", "floor_cpu_s", "CPU time (s)")] if has("cpu_s") else []
-    fig, axes = plt.subplots(len(rows), len(sizes), figsize=(max(7.5, 5 * len(sizes)), 0.6 + 3.8 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows), len(sizes), figsize=(max(7.5, 5 * len(sizes)), 0.6 + 3.8 * len(rows)), squeeze=False
+    )
     for row, (metric, floor_metric, label) in enumerate(rows):
         for ax, n in zip(axes[row], sizes):
             pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
@@ -63,7 +67,9 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
             floor = [p["summary"]["modes"]["continue"][floor_metric]["median"] for p in pts]
             ax.plot(xs, floor, ls="--", marker=".", color=COLORS["continue"], alpha=0.6, label="prefill floor")
             if row == 0:
-                lost = ", ".join(f"{p['mean_prefix']}: {int(p['summary']['modes']['drop']['prompts_lost']['median'])}" for p in pts)
+                lost = ", ".join(
+                    f"{p['mean_prefix']}: {int(p['summary']['modes']['drop']['prompts_lost']['median'])}" for p in pts
+                )
                 reps = ", ".join(str(len(p["reps"])) for p in pts)
                 ax.set_title(f"{n} samples in flight (reps {reps})\n(drop loses prompts {lost})", fontsize=9)
             ax.set_xscale("log", base=2)
@@ -73,9 +79,12 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     engine = result["config"]["engine"]
-    fig.suptitle(f"Recovery after a restart: {Path(engine['model']).name}\nvLLM {result['versions']['vllm']}, "
-                 f"{result['machine']['cpu_count']} CPUs" + (f", {result['machine']['gpu']}" if result["machine"].get("gpu") else ""),
-                 fontsize=9)
+    fig.suptitle(
+        f"Recovery after a restart: {Path(engine['model']).name}\nvLLM {result['versions']['vllm']}, "
+        f"{result['machine']['cpu_count']} CPUs"
+        + (f", {result['machine']['gpu']}" if result["machine"].get("gpu") else ""),
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -107,19 +116,35 @@ def plot_timeline(result: dict[str, Any], path: Path, point: dict[str, Any] | No
         ax.plot([x + offset for x in t], r, color=COLORS[mode], label=f"{mode}: useful tokens/s")
         if mode == "regenerate":
             t, r = _rate(rows, 1)
-            ax.plot([x + offset for x in t], r, color=COLORS[mode], ls=":", alpha=0.7, label="regenerate: all generated tokens/s")
+            ax.plot(
+                [x + offset for x in t],
+                r,
+                color=COLORS[mode],
+                ls=":",
+                alpha=0.7,
+                label="regenerate: all generated tokens/s",
+            )
         done = offset + rows[-1][0] if rows else offset
         ax.axvline(done, color=COLORS[mode], ls="--", alpha=0.5)
         ax.axvspan(0, tl["restart_s"][mode], color=COLORS[mode], alpha=0.06)
     ax.axvline(0, color="black", lw=1)
     ax.axvline(end_unint, color=COLORS["uninterrupted"], ls="--", alpha=0.5)
     ax.text(0, ax.get_ylim()[1] * 0.95, " cut + save; kill", fontsize=8, va="top")
-    ax.text(tl["restart_s"]["continue"], ax.get_ylim()[1] * 0.85, " engine ready + load (continue)", fontsize=8, va="top",
-            color=COLORS["continue"])
+    ax.text(
+        tl["restart_s"]["continue"],
+        ax.get_ylim()[1] * 0.85,
+        " engine ready + load (continue)",
+        fontsize=8,
+        va="top",
+        color=COLORS["continue"],
+    )
     ax.set_xlabel("seconds since the cut (restart modes: engine start-up, + snapshot load for continue, shaded)")
     ax.set_ylabel("tokens / s (0.5 s windows)")
-    ax.set_title(f"{point['num_in_flight']} samples in flight, mean prefix {point['mean_prefix']} tokens"
-                 f" (rep 0; save {tl['save_s'] * 1000:.0f} ms in a thread after the cut)", fontsize=10)
+    ax.set_title(
+        f"{point['num_in_flight']} samples in flight, mean prefix {point['mean_prefix']} tokens"
+        f" (rep 0; save {tl['save_s'] * 1000:.0f} ms in a thread after the cut)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
@@ -135,7 +160,10 @@ def plot_ratio(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     panels = [
-        ("decode tokens", lambda m: _median(m["regenerate"], "decode_tokens") / _median(m["continue"], "decode_tokens")),
+        (
+            "decode tokens",
+            lambda m: _median(m["regenerate"], "decode_tokens") / _median(m["continue"], "decode_tokens"),
+        ),
         ("engine steps", lambda m: _median(m["regenerate"], "steps_vs_continue")),
         ("wall time, warm engine", lambda m: _median(m["regenerate"], "warm_vs_continue")),
     ]
@@ -143,7 +171,12 @@ def plot_ratio(result: dict[str, Any], path: Path) -> Path:
     for ax, (label, ratio) in zip(axes, panels):
         for n in sorted({p["num_in_flight"] for p in result["points"]}):
             pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
-            ax.plot([p["mean_prefix"] for p in pts], [ratio(p["summary"]["modes"]) for p in pts], marker="o", label=f"{n} in flight")
+            ax.plot(
+                [p["mean_prefix"] for p in pts],
+                [ratio(p["summary"]["modes"]) for p in pts],
+                marker="o",
+                label=f"{n} in flight",
+            )
         ax.axhline(1, color="black", lw=0.8)
         ax.set_xscale("log", base=2)
         xs = sorted({p["mean_prefix"] for p in result["points"]})

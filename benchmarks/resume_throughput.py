@@ -45,11 +45,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from tqdm import tqdm  # noqa: E402
+from tqdm import tqdm
 
-from benchmarks.resume.phases import one_rep  # noqa: E402
-from benchmarks.resume.report import assemble, collect, write  # noqa: E402
-from benchmarks.resume.workload import build_workload  # noqa: E402
+from benchmarks.resume.phases import one_rep
+from benchmarks.resume.report import assemble, collect, write
+from benchmarks.resume.workload import build_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUICK = dict(samples=[32], prefix=[128, 512], reps=3)
@@ -60,9 +60,14 @@ def engine_config(args: argparse.Namespace, model: str) -> Any:
     from partial_rollout.engine.factory import EngineConfig
 
     return EngineConfig(
-        model=model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        kv_cache_memory_bytes=args.kv_cache_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size, multiprocessing=args.multiprocessing,
+        model=model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        kv_cache_memory_bytes=args.kv_cache_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        multiprocessing=args.multiprocessing,
     )
 
 
@@ -76,24 +81,43 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         model = str(build_tiny_model())
     config = engine_config(args, model)
     vocab = json.loads((Path(model) / "config.json").read_text()).get("vocab_size")
-    points_spec = [(n, L, args.reps if n * L < args.big_point else min(args.reps, args.big_reps))
-                   for n in args.samples for L in args.prefix]
+    points_spec = [
+        (n, L, args.reps if n * L < args.big_point else min(args.reps, args.big_reps))
+        for n in args.samples
+        for L in args.prefix
+    ]
     points_spec.sort(key=lambda p: p[0] * p[1])
-    workloads = {(n, L): build_workload(n, L, group_size=args.group_size, prompt_tokens=args.prompt_tokens,
-                                        max_model_len=args.max_model_len, vocab_size=vocab, seed=args.seed)
-                 for n, L, _ in points_spec}
+    workloads = {
+        (n, L): build_workload(
+            n,
+            L,
+            group_size=args.group_size,
+            prompt_tokens=args.prompt_tokens,
+            max_model_len=args.max_model_len,
+            vocab_size=vocab,
+            seed=args.seed,
+        )
+        for n, L, _ in points_spec
+    }
     results: dict[tuple[int, int], list[dict[str, Any]]] = {(n, L): [] for n, L, _ in points_spec}
     started = time.time()
     # Rounds: every point's first repetition, then every point's second, and so on, so that a
     # deadline costs repetitions evenly and never a whole sweep point.
-    with tqdm(total=sum(r for _, _, r in points_spec) * 3, desc="resume bench", unit="phase", file=sys.stderr,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=sum(r for _, _, r in points_spec) * 3,
+        desc="resume bench",
+        unit="phase",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    ) as bar:
         for rep in range(max(r for _, _, r in points_spec)):
             if rep and args.deadline and time.time() > args.deadline:
                 break
             for n, L in [(n, L) for n, L, reps in points_spec if rep < reps]:
                 if rep and args.deadline and time.time() > args.deadline:
-                    tqdm.write(f"deadline reached: no repetition {rep + 1} for {n}x{L} and later points", file=sys.stderr)
+                    tqdm.write(
+                        f"deadline reached: no repetition {rep + 1} for {n}x{L} and later points", file=sys.stderr
+                    )
                     break
                 bar.set_description(f"rep {rep + 1}: {n} in flight x {L} prefix")
                 r = await one_rep(config, workloads[n, L], rep, bar)
@@ -101,40 +125,69 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 tqdm.write(
                     f"{n:>4} x {L:>5} rep {rep}: uninterrupted {r['modes']['uninterrupted']['recovery_s']:.2f}s"
                     f" continue {r['modes']['continue']['recovery_s']:.2f}s regenerate {r['modes']['regenerate']['recovery_s']:.2f}s"
-                    f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']}", file=sys.stderr)
+                    f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']}",
+                    file=sys.stderr,
+                )
                 write(assemble(args, config, collect(points_spec, results), started), args.out, plots=False)
     return assemble(args, config, collect(points_spec, results), started)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.resume_throughput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.resume_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     parser.add_argument("--full", action="store_true", help="the full sweep: --samples 16,64,256 --prefix 128,512,2048")
-    parser.add_argument("--samples", type=ints, default=None, help="in-flight samples at the cut, comma-separated (quick: 32)")
-    parser.add_argument("--prefix", type=ints, default=None, help="mean prefix lengths L, comma-separated (quick: 128,512)")
+    parser.add_argument(
+        "--samples", type=ints, default=None, help="in-flight samples at the cut, comma-separated (quick: 32)"
+    )
+    parser.add_argument(
+        "--prefix", type=ints, default=None, help="mean prefix lengths L, comma-separated (quick: 128,512)"
+    )
     parser.add_argument("--reps", type=int, default=None, help="repetitions per point (default 3)")
-    parser.add_argument("--big-point", type=int, default=256 * 2048,
-                        help="points with samples x prefix >= this run at most --big-reps reps (default 524288)")
+    parser.add_argument(
+        "--big-point",
+        type=int,
+        default=256 * 2048,
+        help="points with samples x prefix >= this run at most --big-reps reps (default 524288)",
+    )
     parser.add_argument("--big-reps", type=int, default=1, help="reps for the biggest points (default 1)")
-    parser.add_argument("--deadline", type=float, default=None,
-                        help="unix time after which no further repetition starts (every point always gets its first)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="unix time after which no further repetition starts (every point always gets its first)",
+    )
     parser.add_argument("--budget-min", type=float, default=None, help="sets --deadline to now + this many minutes")
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt group (default 4)")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output prefix: writes PREFIX.json and PREFIX_*.png (default benchmarks/results/resume_quick or resume_full)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output prefix: writes PREFIX.json and PREFIX_*.png (default benchmarks/results/resume_quick or resume_full)",
+    )
     engine = parser.add_argument_group("engine (defaults suit the tiny CPU model; on GPU pass a real --model)")
     engine.add_argument("--model", default=None, help="Hugging Face model folder (default: the project's tiny Llama)")
     engine.add_argument("--dtype", default="bfloat16")
     engine.add_argument("--max-model-len", type=int, default=4096)
     engine.add_argument("--max-num-seqs", type=int, default=256)
-    engine.add_argument("--kv-cache-bytes", type=int, default=None,
-                        help="KV cache bytes (default 2 GiB on CPU; on GPU unset means --gpu-memory-utilization)")
+    engine.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=None,
+        help="KV cache bytes (default 2 GiB on CPU; on GPU unset means --gpu-memory-utilization)",
+    )
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--tensor-parallel-size", type=int, default=1)
-    engine.add_argument("--multiprocessing", action="store_true", help="run vLLM's worker in its own process (default: in the engine core)")
+    engine.add_argument(
+        "--multiprocessing",
+        action="store_true",
+        help="run vLLM's worker in its own process (default: in the engine core)",
+    )
     args = parser.parse_args(argv)
     if args.budget_min is not None:
         args.deadline = time.time() + 60 * args.budget_min
@@ -164,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args))
     paths = write(result, args.out)
     print(result["markdown"])
-    print(f"\nconsistency check: {'passed' if result['consistency']['passed'] else 'FAILED'};"
-          f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens; exact: {result['exact']['all_reps']}")
+    print(
+        f"\nconsistency check: {'passed' if result['consistency']['passed'] else 'FAILED'};"
+        f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens; exact: {result['exact']['all_reps']}"
+    )
     for p in paths:
         print(f"wrote {p}")
     return 0 if result["consistency"]["passed"] else 1

@@ -79,4 +79,3 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(final.parent)
-

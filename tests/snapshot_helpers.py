@@ -27,15 +27,17 @@ from partial_rollout.snapshot import (
     SampleState,
     SamplingSpec,
     Snapshot,
+    container,
 )
-from partial_rollout.snapshot import container
 from partial_rollout.snapshot.checksum import metadata_checksum, tensor_checksum
 
 VOCAB = 1000
 
 
 def fingerprints(**overrides: Any) -> Fingerprints:
-    fields = dict(model="sha256:model", tokenizer="sha256:tokenizer", vocab_size=VOCAB, vllm_version="0.32.0", model_path="")
+    fields = dict(
+        model="sha256:model", tokenizer="sha256:tokenizer", vocab_size=VOCAB, vllm_version="0.32.0", model_path=""
+    )
     fields.update(overrides)
     return Fingerprints(**fields)
 
@@ -74,7 +76,13 @@ def example_snapshot(**overrides: Any) -> Snapshot:
             dispatch_version=2,
             samples=[
                 sample(0, SampleState.FINISHED, 3, finish_reason="length"),
-                sample(1, SampleState.IN_FLIGHT, 5, sampler_state=b"\x01" * 16, inexact="presence_penalty counts only output tokens"),
+                sample(
+                    1,
+                    SampleState.IN_FLIGHT,
+                    5,
+                    sampler_state=b"\x01" * 16,
+                    inexact="presence_penalty counts only output tokens",
+                ),
                 sample(2, SampleState.NOT_STARTED),
             ],
         ),
@@ -94,7 +102,9 @@ def example_snapshot(**overrides: Any) -> Snapshot:
                 )
             ],
         ),
-        GroupRecord(group_id="ready-3", prompt_token_ids=[11, 12], state=GroupState.READY, dispatch_version=1, samples=ready),
+        GroupRecord(
+            group_id="ready-3", prompt_token_ids=[11, 12], state=GroupState.READY, dispatch_version=1, samples=ready
+        ),
     ]
     fields = dict(
         trainer_step=7,
@@ -113,8 +123,12 @@ def example_snapshot(**overrides: Any) -> Snapshot:
 # -- hypothesis -------------------------------------------------------------------------------
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
-JSON_SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
-JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8)
+JSON_SCALARS = (
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
+)
+JSON = st.recursive(
+    JSON_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8
+)
 
 
 @st.composite
@@ -135,7 +149,9 @@ def sampling_specs(draw: st.DrawFn) -> SamplingSpec:
         frequency_penalty=draw(st.floats(-2, 2)),
         repetition_penalty=draw(st.floats(0.5, 2)),
         logprobs=draw(st.integers(0, 5)),
-        extra=draw(st.dictionaries(st.sampled_from(["bad_words", "truncate_prompt_tokens", "\u00fcber"]), JSON, max_size=2)),
+        extra=draw(
+            st.dictionaries(st.sampled_from(["bad_words", "truncate_prompt_tokens", "\u00fcber"]), JSON, max_size=2)
+        ),
     )
 
 
@@ -193,9 +209,11 @@ LOADER_STATES = st.dictionaries(
     TEXT,
     st.recursive(
         LOADER_LEAVES,
-        lambda inner: st.lists(inner, max_size=3)
-        | st.builds(tuple, st.lists(inner, max_size=3))
-        | st.dictionaries(TEXT | st.integers(), inner, max_size=3),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.builds(tuple, st.lists(inner, max_size=3))
+            | st.dictionaries(TEXT | st.integers(), inner, max_size=3)
+        ),
         max_leaves=6,
     ),
     max_size=4,

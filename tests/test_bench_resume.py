@@ -24,14 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_benchmarks_run_from_the_repository_root() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.resume_throughput", "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.resume_throughput", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--full" in proc.stdout
     code = "import benchmarks.resume_throughput, benchmarks.resume.phases as p, benchmarks.snapshot_io as s; print(p.__file__); print(s.__file__)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [Path(line) for line in proc.stdout.split()] == [ROOT / "benchmarks/resume/phases.py", ROOT / "benchmarks/snapshot_io.py"]
+    assert [Path(line) for line in proc.stdout.split()] == [
+        ROOT / "benchmarks/resume/phases.py",
+        ROOT / "benchmarks/snapshot_io.py",
+    ]
 
 
 @pytest.mark.engine
@@ -40,9 +49,30 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.resume_throughput", "--samples", "8", "--prefix", "32", "--reps", "1",
-         "--max-model-len", "512", "--max-num-seqs", "32", "--kv-cache-bytes", str(256 * 2**20), "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.resume_throughput",
+            "--samples",
+            "8",
+            "--prefix",
+            "32",
+            "--reps",
+            "1",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "32",
+            "--kv-cache-bytes",
+            str(256 * 2**20),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads(out.with_name("bench.json").read_text())
@@ -51,7 +81,9 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
 
     assert result["consistency"]["passed"], result["consistency"]["failed"]
     assert result["continue_redone_decode_tokens_max"] == 0
-    assert "mismatches" in result["points"][0]["reps"][0]["exact"]  # exactness is reported, asserted in test_resume_exact
+    assert (
+        "mismatches" in result["points"][0]["reps"][0]["exact"]
+    )  # exactness is reported, asserted in test_resume_exact
     for key in ("machine", "versions", "config", "definitions", "table", "markdown"):
         assert key in result
     (point,) = result["points"]
@@ -73,8 +105,19 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
     assert modes["regenerate"]["warm_s"] > 0 and modes["continue"]["warm_s"] > 0
     save = rep["save"]
     assert save["snapshot_bytes"] > 0 and save["load_s"] > 0 and rep["floor"]["floor_s"] > 0
-    parts = {k: save[f"bytes_{k}"] for k in ("token_data", "prompts", "sampler_state", "per_sample_fields",
-                                              "per_group_fields", "other_tensors", "header_sampling_tables", "header_rest")}
+    parts = {
+        k: save[f"bytes_{k}"]
+        for k in (
+            "token_data",
+            "prompts",
+            "sampler_state",
+            "per_sample_fields",
+            "per_group_fields",
+            "other_tensors",
+            "header_sampling_tables",
+            "header_rest",
+        )
+    }
     assert sum(parts.values()) == save["snapshot_bytes"], parts
     assert parts["sampler_state"] == save["sampler_state_bytes"] > 0
     assert 8.0 <= save["token_data_bytes_per_token"] < 9.0  # int32 token + float32 logprob, plus version runs

@@ -23,8 +23,16 @@ def _log(folder: Path, *, keep: set[GroupState]) -> dict:
     path = folder / "events.jsonl"
     ledger = WorkLedger(EventLog(path, fresh=True))
     ledger.record_start()
-    done = SampleRecord(index=0, state=SampleState.FINISHED, sampling=SPEC, token_ids=[5] * 8, logprobs=[-1.0] * 8,
-                        versions=[0] * 8, finish_reason="length", reward=0.5)
+    done = SampleRecord(
+        index=0,
+        state=SampleState.FINISHED,
+        sampling=SPEC,
+        token_ids=[5] * 8,
+        logprobs=[-1.0] * 8,
+        versions=[0] * 8,
+        finish_reason="length",
+        reward=0.5,
+    )
     ids = iter(range(100))
 
     def step(ledger: WorkLedger, n: int) -> None:
@@ -40,8 +48,18 @@ def _log(folder: Path, *, keep: set[GroupState]) -> dict:
         step(ledger, n)
     ledger.yield_group("e0:flying", [0, 401], [SPEC])
     ledger.dispatch("e0:flying", 4)
-    ledger.capture({"e0:flying/0": SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=SPEC, token_ids=[5, 6, 7],
-                                                 logprobs=[-1.0] * 3, versions=[4] * 3)})
+    ledger.capture(
+        {
+            "e0:flying/0": SampleRecord(
+                index=0,
+                state=SampleState.IN_FLIGHT,
+                sampling=SPEC,
+                token_ids=[5, 6, 7],
+                logprobs=[-1.0] * 3,
+                versions=[4] * 3,
+            )
+        }
+    )
     (folder / "step_4").mkdir()
     ledger.save(folder / "step_4", trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states=keep)
     step(ledger, 5)  # rolled back by the kill
@@ -60,7 +78,10 @@ def _log(folder: Path, *, keep: set[GroupState]) -> dict:
 
 
 def test_table_shows_each_column_from_its_own_audit(tmp_path: Path) -> None:
-    results = {"on": _log(tmp_path / "on", keep=set(GroupState)), "off": _log(tmp_path / "off", keep={GroupState.READY})}
+    results = {
+        "on": _log(tmp_path / "on", keep=set(GroupState)),
+        "off": _log(tmp_path / "off", keep={GroupState.READY}),
+    }
     table = demo.format_table(results)
     lines = {line[:38].strip(): line[38:].split() for line in table.splitlines() if line[:38].strip()}
     assert lines["LOST"] == ["0", "1"]

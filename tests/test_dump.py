@@ -30,7 +30,7 @@ from partial_rollout.snapshot import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture()
+@pytest.fixture
 def ckpt(tmp_path: Path) -> Path:
     """A checkpoint folder holding the example snapshot."""
     folder = tmp_path / "step_7"
@@ -74,7 +74,9 @@ def test_json_schema(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     }  # fmt: skip
     counts = example_snapshot().counts()
     assert {k: report["counts"][k] for k in counts} == counts
-    assert report["counts"]["groups"] == 4 and report["counts"]["samples"] == 8 and report["counts"]["prompt_tokens"] == 8
+    assert (
+        report["counts"]["groups"] == 4 and report["counts"]["samples"] == 8 and report["counts"]["prompt_tokens"] == 8
+    )
     assert report["policy_versions"] == {"in_flight_tokens": [2, 3], "all_tokens": [2, 3], "dispatch": [1, 3]}
     assert report["size"]["file_bytes"] == (ckpt / SNAPSHOT_FILENAME).stat().st_size
     assert report["size"]["sampler_state_bytes"] == 16
@@ -175,14 +177,21 @@ def text_snapshot(tokenizer: Tokenizer, tokenizer_dir: Path, **fingerprint_field
         dispatch_version=1,
         samples=[sample],
     )
-    fp = fingerprints(tokenizer=tokenizer_fingerprint(tokenizer_dir), vocab_size=tokenizer.get_vocab_size(), **fingerprint_fields)
+    fp = fingerprints(
+        tokenizer=tokenizer_fingerprint(tokenizer_dir), vocab_size=tokenizer.get_vocab_size(), **fingerprint_fields
+    )
     return Snapshot(trainer_step=1, policy_version=1, fingerprints=fp, groups=[group])
 
 
 @pytest.mark.parametrize("where", ["checkpoint", "tokenizer subfolder", "model_path", "--tokenizer"])
 def test_decode_finds_the_checkpoint_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str) -> None:
     ckpt, model = tmp_path / "ckpt", tmp_path / "model"
-    tokenizer_dir = {"checkpoint": ckpt, "tokenizer subfolder": ckpt / "tokenizer", "model_path": model, "--tokenizer": model}[where]
+    tokenizer_dir = {
+        "checkpoint": ckpt,
+        "tokenizer subfolder": ckpt / "tokenizer",
+        "model_path": model,
+        "--tokenizer": model,
+    }[where]
     tokenizer = train_tokenizer(tokenizer_dir, CORPUS)
     ckpt.mkdir(exist_ok=True)
     save_snapshot(text_snapshot(tokenizer, tokenizer_dir, model_path=str(model) if where == "model_path" else ""), ckpt)
@@ -216,14 +225,25 @@ def evil_snapshot(tokenizer: Tokenizer, tokenizer_dir: Path) -> Snapshot:
     """Control characters wherever a snapshot holds text: group id, decoded tokens, strings, data."""
     prefix = tokenizer.encode(f"line one{EVIL}\nline two").ids
     sample = SampleRecord(
-        index=0, state=SampleState.IN_FLIGHT, sampling=SamplingSpec(max_tokens=64, stop=(EVIL,)),
-        token_ids=prefix, logprobs=[-0.5] * len(prefix), versions=[1] * len(prefix), inexact=f"why{EVIL}",
+        index=0,
+        state=SampleState.IN_FLIGHT,
+        sampling=SamplingSpec(max_tokens=64, stop=(EVIL,)),
+        token_ids=prefix,
+        logprobs=[-0.5] * len(prefix),
+        versions=[1] * len(prefix),
+        inexact=f"why{EVIL}",
     )
     group = GroupRecord(
-        group_id=f"q{EVIL}", prompt_token_ids=[1], state=GroupState.IN_FLIGHT, dispatch_version=1, samples=[sample],
+        group_id=f"q{EVIL}",
+        prompt_token_ids=[1],
+        state=GroupState.IN_FLIGHT,
+        dispatch_version=1,
+        samples=[sample],
         data={"answer": EVIL},
     )
-    fp = fingerprints(tokenizer=tokenizer_fingerprint(tokenizer_dir), vocab_size=tokenizer.get_vocab_size(), model_path=EVIL)
+    fp = fingerprints(
+        tokenizer=tokenizer_fingerprint(tokenizer_dir), vocab_size=tokenizer.get_vocab_size(), model_path=EVIL
+    )
     return Snapshot(trainer_step=1, policy_version=1, fingerprints=fp, groups=[group], counters={EVIL: 1})
 
 
@@ -263,7 +283,9 @@ def test_decode_refuses_another_tokenizer(tmp_path: Path, capsys: pytest.Capture
     train_tokenizer(tmp_path / "other", CORPUS + ["another corpus entirely"])
     status, out, err = dump(capsys, str(tmp_path / "ckpt"), "--decode", "--tokenizer", str(tmp_path / "other"))
     assert status == EXIT_BAD_INPUT and out == ""
-    assert err.count("\n") == 1 and "fingerprints.tokenizer" in err and str(tmp_path / "other" / "tokenizer.json") in err
+    assert (
+        err.count("\n") == 1 and "fingerprints.tokenizer" in err and str(tmp_path / "other" / "tokenizer.json") in err
+    )
     (tmp_path / "ckpt" / "tokenizer.json").unlink()
     status, _, err = dump(capsys, str(tmp_path / "ckpt"), "--decode")
     assert status == EXIT_BAD_INPUT and "tokenizer: no tokenizer.json found" in err and "--tokenizer DIR" in err
@@ -313,20 +335,45 @@ def bad_inputs(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         header["group.state"]["shape"][0] += 64
 
     cases["offsets-past-end"] = (patch_header(good, folder / "past.safetensors", past_end), "group.state")
-    wrong_dtype = rewrite(good, folder / "dtype.safetensors", tensors=lambda a: a.update({"sample.logprobs": a["sample.logprobs"].astype(np.float64)}))
+    wrong_dtype = rewrite(
+        good,
+        folder / "dtype.safetensors",
+        tensors=lambda a: a.update({"sample.logprobs": a["sample.logprobs"].astype(np.float64)}),
+    )
     cases["wrong-dtype"] = (wrong_dtype, "sample.logprobs")
-    cases["missing-tensor"] = (rewrite(good, folder / "missing.safetensors", tensors=lambda a: a.pop("sample.reward")), "sample.reward")
-    cases["malformed-json"] = (rewrite(good, folder / "json.safetensors", metadata=lambda m: m.update(counters="{")), "counters")
-    cases["version-2"] = (rewrite(good, folder / "v2.safetensors", metadata=lambda m: m.update(format_version="2")), "format_version")
+    cases["missing-tensor"] = (
+        rewrite(good, folder / "missing.safetensors", tensors=lambda a: a.pop("sample.reward")),
+        "sample.reward",
+    )
+    cases["malformed-json"] = (
+        rewrite(good, folder / "json.safetensors", metadata=lambda m: m.update(counters="{")),
+        "counters",
+    )
+    cases["version-2"] = (
+        rewrite(good, folder / "v2.safetensors", metadata=lambda m: m.update(format_version="2")),
+        "format_version",
+    )
     return cases
 
 
-CASES = ["empty", "truncated", "not-safetensors", "flipped", "offsets-past-end", "wrong-dtype", "missing-tensor", "malformed-json", "version-2"]
+CASES = [
+    "empty",
+    "truncated",
+    "not-safetensors",
+    "flipped",
+    "offsets-past-end",
+    "wrong-dtype",
+    "missing-tensor",
+    "malformed-json",
+    "version-2",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("mode", [[], ["--json"], ["--verify"], ["--request", "flight-2/0"]])
-def test_bad_input_is_one_line_exit_3(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, mode: list[str]) -> None:
+def test_bad_input_is_one_line_exit_3(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, mode: list[str]
+) -> None:
     path, field = bad_inputs(ckpt / SNAPSHOT_FILENAME, tmp_path)[case]
     status, out, err = dump(capsys, str(path), *mode)
     assert status == EXIT_BAD_INPUT
@@ -365,6 +412,10 @@ def test_command_line_process(ckpt: Path, tmp_path: Path) -> None:
     assert run.stdout == "" and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
     assert run.stderr.startswith(f"error: {tmp_path / 'cut.safetensors'}: header: ")
     help_run = subprocess.run(
-        [sys.executable, "-m", "partial_rollout.cli", "dump", "--help"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "partial_rollout.cli", "dump", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert help_run.returncode == 0 and "examples:" in help_run.stdout and "GROUP_ID/SAMPLE_INDEX" in help_run.stdout

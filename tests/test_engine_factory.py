@@ -44,8 +44,9 @@ def test_cpu_resolution_prevents_seeded_chunked_prefill(tiny_llama: Path) -> Non
 
 
 def test_gpu_resolution_passes_settings_through(tiny_llama: Path) -> None:
-    config = EngineConfig(model=str(tiny_llama), enable_chunked_prefill=True, max_num_batched_tokens=512,
-                          gpu_memory_utilization=0.5)
+    config = EngineConfig(
+        model=str(tiny_llama), enable_chunked_prefill=True, max_num_batched_tokens=512, gpu_memory_utilization=0.5
+    )
     kw = engine_kwargs(config, cpu=False)
     assert kw["enable_chunked_prefill"] is True and kw["max_num_batched_tokens"] == 512
     assert kw["gpu_memory_utilization"] == 0.5 and "kv_cache_memory_bytes" not in kw
@@ -61,8 +62,9 @@ def _params(seeded: bool, i: int):
     from vllm import SamplingParams
 
     if seeded:
-        return SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1000 + i, max_tokens=48, logprobs=0,
-                              ignore_eos=True)
+        return SamplingParams(
+            temperature=1.0, top_p=0.9, top_k=50, seed=1000 + i, max_tokens=48, logprobs=0, ignore_eos=True
+        )
     return SamplingParams(temperature=0.0, max_tokens=48, logprobs=0, ignore_eos=True)
 
 
@@ -103,7 +105,10 @@ def test_generation_reproducible_across_engine_processes(async_engine, loop_thre
         out = {}
         for seeded in (False, True):
             results = await asyncio.gather(
-                *[_generate(async_engine, p, _params(seeded, i), f"x{seeded}-{i}") for i, p in enumerate(_PROBE_PROMPTS)]
+                *[
+                    _generate(async_engine, p, _params(seeded, i), f"x{seeded}-{i}")
+                    for i, p in enumerate(_PROBE_PROMPTS)
+                ]
             )
             out.update({f"{seeded}-{i}": list(map(list, r)) for i, r in enumerate(results)})
         return out
@@ -111,7 +116,9 @@ def test_generation_reproducible_across_engine_processes(async_engine, loop_thre
     mine = loop_thread.run(here())
     proc = subprocess.run(
         [sys.executable, "-c", _OTHER_PROCESS, str(tiny_llama), str(Path(__file__).parent)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))[6:])

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partial_rollout.engine import exactness
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig, EnginePool, exactness
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]
@@ -25,13 +24,20 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
     config = EngineConfig(model=str(tiny_llama), max_model_len=1024, multiprocessing=False)
     rng = random.Random(3)
     work = {
-        f"r{i}": ([rng.randrange(4, 500) for _ in range(rng.randrange(8, 60))],
-                  SamplingSpec(max_tokens=150, temperature=0.0 if i % 3 == 0 else 1.0,
-                               seed=None if i % 3 == 0 else 10 + i, ignore_eos=True))
+        f"r{i}": (
+            [rng.randrange(4, 500) for _ in range(rng.randrange(8, 60))],
+            SamplingSpec(
+                max_tokens=150,
+                temperature=0.0 if i % 3 == 0 else 1.0,
+                seed=None if i % 3 == 0 else 10 + i,
+                ignore_eos=True,
+            ),
+        )
         for i in range(8)
     }
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     try:
+
         async def save_side():
             pool = await EnginePool.ray(config, 2)
             try:
@@ -54,8 +60,9 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         pool = await EnginePool.local(config)
         try:
             assert await pool.fingerprints() == prints
-            return await asyncio.gather(*[pool.generate(rid, work[rid][0], work[rid][1], index=0, resume_from=cut.samples[rid])
-                                          for rid in work])
+            return await asyncio.gather(
+                *[pool.generate(rid, work[rid][0], work[rid][1], index=0, resume_from=cut.samples[rid]) for rid in work]
+            )
         finally:
             await pool.shutdown()
 
@@ -63,5 +70,6 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         assert out.inexact is None
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
         # concurrent on both sides: logprobs agree within the engine's batch numerics (docs/exact_resume.md)
-        np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, rtol=0,
-                                   atol=exactness.BATCH_LOGPROB_TOLERANCE, err_msg=rid)
+        np.testing.assert_allclose(
+            out.logprobs, ref[rid].logprobs, rtol=0, atol=exactness.BATCH_LOGPROB_TOLERANCE, err_msg=rid
+        )

@@ -26,14 +26,18 @@ def test_steps_and_live_tokens_match_the_engine(loop_thread, tiny_llama: Path) -
         try:
             start = await engine.progress()
             assert start.steps is not None and start.steps > 0  # the warm-up request ran
-            alone = await engine.generate("alone", [5, 6, 7], SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True),
-                                          index=0)
+            alone = await engine.generate(
+                "alone", [5, 6, 7], SamplingSpec(max_tokens=20, temperature=0.0, ignore_eos=True), index=0
+            )
             end = await engine.progress()
             lone = (end.steps - start.steps, end.generation_tokens - start.generation_tokens)
             assert end.tokens_received - start.tokens_received == 20
 
             spec = SamplingSpec(max_tokens=400, temperature=1.0, seed=3, ignore_eos=True)
-            tasks = {rid: asyncio.ensure_future(engine.generate(rid, [9, 10 + i], spec, index=i)) for i, rid in enumerate(("a", "b"))}
+            tasks = {
+                rid: asyncio.ensure_future(engine.generate(rid, [9, 10 + i], spec, index=i))
+                for i, rid in enumerate(("a", "b"))
+            }
             while True:
                 live = (await engine.progress()).live_tokens
                 if min(live.get(rid, 0) for rid in tasks) >= 10:

@@ -48,8 +48,10 @@ def test_inexact_reasons() -> None:
     why = exactness.inexact_reason(seeded, num_tokens=4, sampler_state=None, capture_unsupported="vLLM 0.99")
     assert why and "vLLM 0.99" in why
     stop = SamplingSpec(max_tokens=10, temperature=0.0, stop=("END",))
-    assert exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, prefix_text="abc EN", **kw) == \
-        exactness.STOP_STRADDLE
+    assert (
+        exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, prefix_text="abc EN", **kw)
+        == exactness.STOP_STRADDLE
+    )
     assert exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, prefix_text="abc", **kw) is None
 
 
@@ -59,7 +61,9 @@ def test_finish_in_prefix() -> None:
     assert exactness.finish_in_prefix([3, 1, 4], spec, eos_token_id=1, decode=decode) == (2, "stop", None)
     assert exactness.finish_in_prefix([3, 9, 4], spec, eos_token_id=1, decode=decode) == (2, "stop", 9)
     min_spec = SamplingSpec(max_tokens=10, temperature=0.0, min_tokens=3)
-    assert exactness.finish_in_prefix([1, 4], min_spec, eos_token_id=1, decode=decode) is None  # EOS masked by min_tokens
+    assert (
+        exactness.finish_in_prefix([1, 4], min_spec, eos_token_id=1, decode=decode) is None
+    )  # EOS masked by min_tokens
     ign = SamplingSpec(max_tokens=3, temperature=0.0, ignore_eos=True)
     assert exactness.finish_in_prefix([1, 1], ign, eos_token_id=1, decode=decode) is None
     assert exactness.finish_in_prefix([1, 1, 1], ign, eos_token_id=1, decode=decode) == (3, "length", None)

@@ -14,10 +14,18 @@ from partial_rollout.errors import BadInputError
 from partial_rollout.fingerprint import model_fingerprint, tokenizer_fingerprint
 
 
-def make_model(folder: Path, *, config: dict | None = None, weights: dict[str, np.ndarray] | None = None, shards: int = 1) -> Path:
+def make_model(
+    folder: Path, *, config: dict | None = None, weights: dict[str, np.ndarray] | None = None, shards: int = 1
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config or {"model_type": "llama", "hidden_size": 8, "vocab_size": 32}))
-    weights = weights if weights is not None else {"embed.weight": np.zeros((32, 8), np.float32), "lm_head.weight": np.zeros((32, 8), np.float32)}
+    (folder / "config.json").write_text(
+        json.dumps(config or {"model_type": "llama", "hidden_size": 8, "vocab_size": 32})
+    )
+    weights = (
+        weights
+        if weights is not None
+        else {"embed.weight": np.zeros((32, 8), np.float32), "lm_head.weight": np.zeros((32, 8), np.float32)}
+    )
     names = sorted(weights)
     for shard in range(shards):
         part = {n: weights[n] for n in names[shard::shards]}
@@ -45,8 +53,11 @@ def test_tokenizer_fingerprint_needs_a_file(tmp_path: Path) -> None:
 
 def sentencepiece_identity(model: bytes, *, added_tokens: dict | None = None, decoder: dict | None = None) -> str:
     """The documented digest of a sentencepiece-only folder, computed independently."""
-    identity = {"added_tokens": added_tokens or {}, "added_tokens_decoder": decoder or {},
-                "tokenizer_model": hashlib.sha256(model).hexdigest()}
+    identity = {
+        "added_tokens": added_tokens or {},
+        "added_tokens_decoder": decoder or {},
+        "tokenizer_model": hashlib.sha256(model).hexdigest(),
+    }
     return "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -59,16 +70,22 @@ def test_sentencepiece_only_folder(tmp_path: Path) -> None:
     assert base == sentencepiece_identity(model)
     assert tokenizer_fingerprint(tmp_path / "tokenizer.model") == base  # the file names its folder
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}", "model_max_length": 4096}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ messages }}", "model_max_length": 4096})
+    )
     assert tokenizer_fingerprint(tmp_path) == base  # nothing that changes what an id means
     decoder = {"32000": {"content": "<tool>", "special": True}}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "x", "added_tokens_decoder": decoder}))
     assert tokenizer_fingerprint(tmp_path) == sentencepiece_identity(model, decoder=decoder) != base
     (tmp_path / "added_tokens.json").write_text(json.dumps({"<extra>": 32001}))
-    assert tokenizer_fingerprint(tmp_path) == sentencepiece_identity(model, added_tokens={"<extra>": 32001}, decoder=decoder)
+    assert tokenizer_fingerprint(tmp_path) == sentencepiece_identity(
+        model, added_tokens={"<extra>": 32001}, decoder=decoder
+    )
 
     (tmp_path / "tokenizer.model").write_bytes(model[:-1] + b"\x00")
-    assert tokenizer_fingerprint(tmp_path) != sentencepiece_identity(model, added_tokens={"<extra>": 32001}, decoder=decoder)
+    assert tokenizer_fingerprint(tmp_path) != sentencepiece_identity(
+        model, added_tokens={"<extra>": 32001}, decoder=decoder
+    )
 
     (tmp_path / "tokenizer.json").write_bytes(b"{}")  # a fast tokenizer beside it is what identifies the folder
     assert tokenizer_fingerprint(tmp_path) == "sha256:" + hashlib.sha256(b"{}").hexdigest()

@@ -43,8 +43,9 @@ def _imports(path: Path) -> set[str]:
 
 def _project_modules() -> dict[str, set[str]]:
     sources = [*(ROOT / "partial_rollout").rglob("*.py"), *(ROOT / "integrations").rglob("*.py")]
-    return {_module(p): {i for i in _imports(p) if i.split(".")[0] in ("partial_rollout", INTEGRATIONS)}
-            for p in sources}
+    return {
+        _module(p): {i for i in _imports(p) if i.split(".")[0] in ("partial_rollout", INTEGRATIONS)} for p in sources
+    }
 
 
 def _within(name: str, package: str) -> bool:
@@ -58,16 +59,17 @@ def test_layers_import_only_downwards() -> None:
     for module, imports in modules.items():
         for layer, allowed in ALLOWED.items():
             if _within(module, layer):
-                bad += [(module, i) for i in imports
-                        if not _within(i, layer) and not any(i == a for a in allowed)]
+                bad += [(module, i) for i in imports if not _within(i, layer) and not any(i == a for a in allowed)]
     assert not bad, f"imports against the layering: {bad}"
 
 
 def test_only_the_command_line_layer_imports_the_trainers() -> None:
     modules = _project_modules()
     offenders = sorted(
-        m for m, imports in modules.items()
-        if _within(m, "partial_rollout") and not _within(m, "partial_rollout.cli")
+        m
+        for m, imports in modules.items()
+        if _within(m, "partial_rollout")
+        and not _within(m, "partial_rollout.cli")
         and any(_within(i, INTEGRATIONS) for i in imports)
     )
     assert offenders == []

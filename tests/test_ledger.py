@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from partial_rollout.errors import BadInputError, PartialRolloutError, SnapshotError
-from partial_rollout.ledger import TRAIN_STEP, AuditError, EventKind, EventLog, WorkLedger, audit, read_events, request_id
+from partial_rollout.ledger import (
+    TRAIN_STEP,
+    AuditError,
+    EventKind,
+    EventLog,
+    WorkLedger,
+    audit,
+    read_events,
+    request_id,
+)
 from partial_rollout.ledger.ledger import STATE_VERSION, VERSION_KEY
 from partial_rollout.snapshot import (
     SNAPSHOT_FILENAME,
@@ -27,14 +36,26 @@ FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_v
 
 def finished(index: int, n: int = 3, reward: float = 1.0) -> SampleRecord:
     return SampleRecord(
-        index=index, state=SampleState.FINISHED, sampling=SPEC, token_ids=np.arange(n) + 5,
-        logprobs=np.full(n, -0.5), versions=np.zeros(n, np.int32), finish_reason="length", reward=reward,
+        index=index,
+        state=SampleState.FINISHED,
+        sampling=SPEC,
+        token_ids=np.arange(n) + 5,
+        logprobs=np.full(n, -0.5),
+        versions=np.zeros(n, np.int32),
+        finish_reason="length",
+        reward=reward,
     )
 
 
 def in_flight(n: int) -> SampleRecord:
-    return SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=SPEC, token_ids=np.arange(n) + 7,
-                        logprobs=np.full(n, -1.0), versions=np.zeros(n, np.int32))
+    return SampleRecord(
+        index=0,
+        state=SampleState.IN_FLIGHT,
+        sampling=SPEC,
+        token_ids=np.arange(n) + 7,
+        logprobs=np.full(n, -1.0),
+        versions=np.zeros(n, np.int32),
+    )
 
 
 def run_group(ledger: WorkLedger, gid: str, *, step: int | None = None, samples: int = 2) -> None:
@@ -128,7 +149,9 @@ def test_save_and_load_restore_the_groups_from_the_snapshot(tmp_path: Path) -> N
 
     ready_only = tmp_path / "ready_only"
     ready_only.mkdir()
-    ledger.save(ready_only, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states={GroupState.READY})
+    ledger.save(
+        ready_only, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states={GroupState.READY}
+    )
     assert [g.group_id for g in WorkLedger().load(ready_only).groups] == ["ready"]
 
 
@@ -168,8 +191,14 @@ def test_load_refuses_a_snapshot_whose_manifest_is_not_the_ledgers(tmp_path: Pat
     ledger = busy_ledger(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None,
-                metadata={"ledger": {"version": 1}})  # a trainer extra may not shadow the manifest: it is overwritten
+    ledger.save(
+        folder,
+        trainer_step=4,
+        policy_version=4,
+        fingerprints=FP,
+        loader_state=None,
+        metadata={"ledger": {"version": 1}},
+    )  # a trainer extra may not shadow the manifest: it is overwritten
     WorkLedger().load(folder)
     snapshot = ledger.to_snapshot(trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
     snapshot.metadata["ledger"] = {**snapshot.metadata["ledger"], "version": 1}
@@ -261,7 +290,9 @@ def test_audit_rolls_back_work_after_the_save_it_resumes_from(tmp_path: Path) ->
     assert (report.yielded, report.trained, report.outstanding_at_end) == (5, 4, 1)
     (resume,) = report.resumes
     assert resume["rolled_back_consumes"] == 2 and resume["lost"] == 0
-    assert resume["saved_by_state"] == resume["outstanding_at_save_by_state"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    assert (
+        resume["saved_by_state"] == resume["outstanding_at_save_by_state"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    )
     assert report.tokens_regenerated == 6  # c's 6 tokens were generated, rolled back, generated again
 
 
@@ -282,7 +313,9 @@ def test_audit_counts_real_duplicates_and_rejects_unknown_saves(tmp_path: Path) 
     ledger.events.append(EventKind.CONSUME, prompt="a", step=2)  # a buggy trainer trains it again
     assert audit(path).duplicated_ids == ["a"]
     ledger.events.append(EventKind.RESUME, save_id="step9-nowhere")
-    with pytest.raises(AuditError, match=rf"{path}: event 7: resume from save 'step9-nowhere', which the log does not hold"):
+    with pytest.raises(
+        AuditError, match=rf"{path}: event 7: resume from save 'step9-nowhere', which the log does not hold"
+    ):
         audit(path)
 
 
@@ -314,7 +347,18 @@ def test_event_kinds_are_the_strings_logs_hold(tmp_path: Path) -> None:
     assert [e["event"] for e in raw] == ["start", "log"] and raw[1]["kind"] == "train_step"
     assert [e["event"] for e in read_events(tmp_path / "events.jsonl")] == [EventKind.START, EventKind.LOG]
     assert {k.value for k in EventKind} == {
-        "start", "yield", "dispatch", "finish", "ready", "consume", "evict", "regenerate", "save", "resume", "end", "log",
+        "start",
+        "yield",
+        "dispatch",
+        "finish",
+        "ready",
+        "consume",
+        "evict",
+        "regenerate",
+        "save",
+        "resume",
+        "end",
+        "log",
     }
     assert audit(tmp_path / "events.jsonl").steps[0]["reward"] == 0.5
 

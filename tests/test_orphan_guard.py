@@ -42,8 +42,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.engine
 def test_engine_core_exits_when_its_trainer_is_killed(tiny_llama: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_llama)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tiny_llama)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # vLLM logs to stdout too

@@ -25,12 +25,19 @@ def _example() -> str:
 
 def test_readme_trainer_example_loses_nothing(tmp_path: Path, tiny_llama: Path) -> None:
     script = tmp_path / "example.py"
-    script.write_text(_example() + "\n\nif __name__ == '__main__':\n"
-                      "    import sys, json\n"
-                      "    print(json.dumps(asyncio.run(main(sys.argv[1], Path(sys.argv[2])))))\n")
+    script.write_text(
+        _example() + "\n\nif __name__ == '__main__':\n"
+        "    import sys, json\n"
+        "    print(json.dumps(asyncio.run(main(sys.argv[1], Path(sys.argv[2])))))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    proc = subprocess.run([sys.executable, str(script), str(tiny_llama), str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tiny_llama), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["saved"]) == 4, "every yielded prompt is in the checkpoint"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
-from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, KillResumeRun, kill_and_resume
 from partial_rollout.ledger import EVENTS_FILENAME, AuditReport, audit, effective_timeline, read_events
 from partial_rollout.snapshot import load_snapshot
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
+from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, KillResumeRun, kill_and_resume
 
 pytestmark = pytest.mark.engine
 
@@ -26,13 +26,34 @@ CFG = load_config(FAST)
 
 SCENARIOS = {
     # name: (partial rollouts on, kill plan, extra overrides)
-    "on_1": (True, KillPlan.draw(random.Random(11), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps), ()),
-    "on_2": (True, KillPlan.draw(random.Random(12), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps), ()),
+    "on_1": (
+        True,
+        KillPlan.draw(
+            random.Random(11), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps
+        ),
+        (),
+    ),
+    "on_2": (
+        True,
+        KillPlan.draw(
+            random.Random(12), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps
+        ),
+        (),
+    ),
     "off": (False, KillPlan(after_save_step=4, after_events=0), ()),
     # One group in flight at a time and no staleness eviction make the trained order a function of the seed.
-    "serial_whole": (True, None, ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64")),
-    "serial_killed": (True, KillPlan.draw(random.Random(13), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps),
-                      ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64")),
+    "serial_whole": (
+        True,
+        None,
+        ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64"),
+    ),
+    "serial_killed": (
+        True,
+        KillPlan.draw(
+            random.Random(13), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps
+        ),
+        ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64"),
+    ),
 }
 PARALLEL = 3
 CHILD_TIMEOUT_S = 360
@@ -47,8 +68,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
     def one(name: str) -> tuple[Path, KillResumeRun, AuditReport]:
         enabled, plan, extra = SCENARIOS[name]
         folder = root / name
-        overrides = [f"checkpointing.checkpoint_dir={folder / 'checkpoints'}", f"logger.log_dir={folder}",
-                     f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}", *extra]
+        overrides = [
+            f"checkpointing.checkpoint_dir={folder / 'checkpoints'}",
+            f"logger.log_dir={folder}",
+            f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}",
+            *extra,
+        ]
         run = kill_and_resume(FAST, overrides, log_dir=folder, plan=plan, timeout_s=CHILD_TIMEOUT_S)
         return folder, run, audit(folder / EVENTS_FILENAME)
 
@@ -71,7 +96,7 @@ def trained_groups(folder: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.parametrize("name", ["on_1", "on_2", "serial_killed"])
-def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(runs, name: str) -> None:  # noqa: ANN001
+def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(runs, name: str) -> None:
     folder, run, report = runs[name]
     plan = SCENARIOS[name][1]
     assert [a.killed for a in run.attempts] == [True, False]
@@ -91,7 +116,7 @@ def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(ru
     assert all(s.versions.max() <= snapshot.policy_version for _, s in snapshot.iter_samples() if s.num_tokens)
 
 
-def test_partial_rollouts_off_lose_what_the_seed_predicts(runs) -> None:  # noqa: ANN001
+def test_partial_rollouts_off_lose_what_the_seed_predicts(runs) -> None:
     _, run, report = runs["off"]
     assert run.attempts[0].killed
     (resume,) = report.resumes
@@ -104,7 +129,7 @@ def test_partial_rollouts_off_lose_what_the_seed_predicts(runs) -> None:  # noqa
     assert report.duplicated == 0 and report.tokens_continued == 0
 
 
-def test_a_resumed_run_trains_on_the_same_groups_as_an_uninterrupted_one(runs) -> None:  # noqa: ANN001
+def test_a_resumed_run_trains_on_the_same_groups_as_an_uninterrupted_one(runs) -> None:
     whole_dir, whole_run, whole = runs["serial_whole"]
     killed_dir, killed_run, killed = runs["serial_killed"]
     assert [a.killed for a in whole_run.attempts] == [False] and killed_run.attempts[0].killed

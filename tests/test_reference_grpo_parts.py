@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+from partial_rollout.snapshot import GroupRecord, SampleRecord, SamplingSpec
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, checkpoint, load_config, task
 from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
 from partial_rollout_integrations.reference_grpo.policy import Policy
-from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
-from partial_rollout.snapshot import GroupRecord, SampleRecord, SamplingSpec
 
 
 def test_advantages_are_normalised_within_each_group() -> None:
@@ -47,7 +47,9 @@ def test_task_reward_and_long_tailed_budgets() -> None:
     specs = task.sampling_specs(items[7], "e0:7", n=8, temperature=1.0, seed=0, min_tokens=cfg.min_tokens)
     assert specs == task.sampling_specs(items[7], "e0:7", n=8, temperature=1.0, seed=0, min_tokens=cfg.min_tokens)
     assert len({s.seed for s in specs}) == 8 and all(s.ignore_eos for s in specs)
-    assert all(max(cfg.min_tokens, items[7]["max_tokens"] // 2) <= s.max_tokens <= items[7]["max_tokens"] for s in specs)
+    assert all(
+        max(cfg.min_tokens, items[7]["max_tokens"] // 2) <= s.max_tokens <= items[7]["max_tokens"] for s in specs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +60,21 @@ def tiny() -> Path:
 def _group(seed: int) -> GroupRecord:
     rng = np.random.default_rng(seed)
     samples = [
-        SampleRecord(index=i, state="finished", sampling=SamplingSpec(max_tokens=12), token_ids=rng.integers(3, 500, 12),
-                     logprobs=np.full(12, -6.0, np.float32), versions=np.zeros(12, np.int32), finish_reason="length",
-                     reward=float(i % 2))
+        SampleRecord(
+            index=i,
+            state="finished",
+            sampling=SamplingSpec(max_tokens=12),
+            token_ids=rng.integers(3, 500, 12),
+            logprobs=np.full(12, -6.0, np.float32),
+            versions=np.zeros(12, np.int32),
+            finish_reason="length",
+            reward=float(i % 2),
+        )
         for i in range(4)
     ]
-    return GroupRecord(group_id=f"g{seed}", prompt_token_ids=[0, 401, 401, 401], state="ready", dispatch_version=0, samples=samples)
+    return GroupRecord(
+        group_id=f"g{seed}", prompt_token_ids=[0, 401, 401, 401], state="ready", dispatch_version=0, samples=samples
+    )
 
 
 def test_policy_checkpoint_round_trip_continues_identically(tiny: Path, tmp_path: Path) -> None:

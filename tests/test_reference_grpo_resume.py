@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from partial_rollout_integrations.reference_grpo import CONFIG_DIR, GRPOLoop, load_config
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import EventLog, WorkLedger, audit, read_events, request_id
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, GRPOLoop, load_config
 
 FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_version="0.32.0")
 SPEC = SamplingSpec(max_tokens=16, seed=3)
@@ -24,10 +24,24 @@ def _saved_cut(tmp_path: Path) -> Path:
     (stale), and a pending group."""
     ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
     ledger.record_start()
-    done = SampleRecord(index=0, state=SampleState.FINISHED, sampling=SPEC, token_ids=[5, 6], logprobs=[-1.0, -1.0],
-                        versions=[9, 9], finish_reason="length", reward=1.0)
-    prefix = SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=SPEC, token_ids=[7, 8, 9], logprobs=[-1.0] * 3,
-                          versions=[9, 9, 9])
+    done = SampleRecord(
+        index=0,
+        state=SampleState.FINISHED,
+        sampling=SPEC,
+        token_ids=[5, 6],
+        logprobs=[-1.0, -1.0],
+        versions=[9, 9],
+        finish_reason="length",
+        reward=1.0,
+    )
+    prefix = SampleRecord(
+        index=0,
+        state=SampleState.IN_FLIGHT,
+        sampling=SPEC,
+        token_ids=[7, 8, 9],
+        logprobs=[-1.0] * 3,
+        versions=[9, 9, 9],
+    )
     for gid, version in (("fresh_ready", 9), ("stale_ready", 2)):
         ledger.yield_group(gid, [0, 401], [SPEC, SPEC])
         ledger.dispatch(gid, version)
@@ -48,10 +62,15 @@ def _saved_cut(tmp_path: Path) -> Path:
 
 def _restore(tmp_path: Path, on_stale: str, *overrides: str) -> tuple[GRPOLoop, WorkLedger]:
     folder = _saved_cut(tmp_path)
-    cfg = load_config(CONFIG_DIR / "fast.yaml", [
-        f"checkpointing.partial_rollouts.on_stale={on_stale}", "async_rl.sampler.max_staleness_versions=4",
-        "async_rl.max_buffered_rollouts=4", *overrides,
-    ])
+    cfg = load_config(
+        CONFIG_DIR / "fast.yaml",
+        [
+            f"checkpointing.partial_rollouts.on_stale={on_stale}",
+            "async_rl.sampler.max_staleness_versions=4",
+            "async_rl.max_buffered_rollouts=4",
+            *overrides,
+        ],
+    )
     ledger = WorkLedger(EventLog(tmp_path / "events.jsonl"))
     loop = GRPOLoop(cfg, engine=Any, policy=None, ledger=ledger, fingerprints=FP, step=10, progress=False)  # type: ignore[arg-type]
 
@@ -68,8 +87,13 @@ def _states(ledger: WorkLedger) -> dict[str, str]:
 
 def test_continue_restores_everything_and_retakes_each_permit(tmp_path: Path) -> None:
     loop, ledger = _restore(tmp_path, "continue")
-    assert _states(ledger) == {"fresh_ready": "ready", "stale_ready": "ready", "fresh_flight": "in_flight",
-                               "stale_flight": "in_flight", "pending": "pending"}
+    assert _states(ledger) == {
+        "fresh_ready": "ready",
+        "stale_ready": "ready",
+        "fresh_flight": "in_flight",
+        "stale_flight": "in_flight",
+        "pending": "pending",
+    }
     assert loop.restored_in_flight == ["fresh_flight", "stale_flight"] and loop.restored_pending == ["pending"]
     # 4 dispatched groups hold the whole buffer; the 2 in flight hold both in-flight permits.
     assert loop.buffer_permits.locked() and loop.inflight_permits.locked()

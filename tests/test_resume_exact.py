@@ -53,9 +53,14 @@ def _workload() -> dict[str, tuple[list[int], SamplingSpec]]:
             work[f"{kind}-p{p_len}"] = (prompt, SamplingSpec(max_tokens=M, seed=seed, ignore_eos=True, **kw))
     long_prompt = [rng.randrange(4, 500) for _ in range(1400)]
     work["seeded-long"] = (long_prompt, SamplingSpec(max_tokens=200, temperature=1.0, seed=99, ignore_eos=True))
-    work["penalty"] = ([rng.randrange(4, 500) for _ in range(20)],
-                       SamplingSpec(max_tokens=M, temperature=0.0, presence_penalty=1.5, ignore_eos=True))
-    work["unseeded"] = ([rng.randrange(4, 500) for _ in range(20)], SamplingSpec(max_tokens=M, temperature=1.0, ignore_eos=True))
+    work["penalty"] = (
+        [rng.randrange(4, 500) for _ in range(20)],
+        SamplingSpec(max_tokens=M, temperature=0.0, presence_penalty=1.5, ignore_eos=True),
+    )
+    work["unseeded"] = (
+        [rng.randrange(4, 500) for _ in range(20)],
+        SamplingSpec(max_tokens=M, temperature=1.0, ignore_eos=True),
+    )
     return work
 
 
@@ -73,8 +78,12 @@ def _fast_forward_state(seed: int, draws: int) -> bytes:
 def _constructed_cut(ref: SampleRecord, k: int) -> SampleRecord:
     s = ref.sampling
     return SampleRecord(
-        index=0, state=SampleState.IN_FLIGHT if k else SampleState.NOT_STARTED, sampling=s,
-        token_ids=ref.token_ids[:k], logprobs=ref.logprobs[:k], versions=ref.versions[:k],
+        index=0,
+        state=SampleState.IN_FLIGHT if k else SampleState.NOT_STARTED,
+        sampling=s,
+        token_ids=ref.token_ids[:k],
+        logprobs=ref.logprobs[:k],
+        versions=ref.versions[:k],
         sampler_state=_fast_forward_state(s.seed, k) if (k and s.seed is not None and not s.is_greedy) else None,
     )
 
@@ -96,7 +105,9 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     async def reference():
         engine = await ResumableEngine.start(config)
         try:
-            alone = {rid: await engine.generate(f"alone-{rid}", *work[rid], index=0) for rid in exact_kinds + ["penalty"]}
+            alone = {
+                rid: await engine.generate(f"alone-{rid}", *work[rid], index=0) for rid in exact_kinds + ["penalty"]
+            }
             tasks = {}
             for rid, (prompt, spec) in work.items():  # staggered starts: cuts land at many K
                 tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec, index=0))
@@ -128,32 +139,58 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
                 assert rec.sampler_state == _fast_forward_state(spec.seed, k), rid
     assert any(0 < k < M for k in real_ks), real_ks
 
-    same_schedule = [(f"k{k}-{rid}", rid, _constructed_cut(alone[rid], k))
-                     for rid in exact_kinds for k in _cut_points(rid, *work[rid])]
-    concurrent = [(f"real{i}-{rid}", rid, rec) for i, cut in enumerate(cuts) for rid, rec in cut.samples.items()
-                  if rec.state is not SampleState.FINISHED]
+    same_schedule = [
+        (f"k{k}-{rid}", rid, _constructed_cut(alone[rid], k))
+        for rid in exact_kinds
+        for k in _cut_points(rid, *work[rid])
+    ]
+    concurrent = [
+        (f"real{i}-{rid}", rid, rec)
+        for i, cut in enumerate(cuts)
+        for rid, rec in cut.samples.items()
+        if rec.state is not SampleState.FINISHED
+    ]
 
     async def resume():
         engine = await ResumableEngine.start(config)
         try:
-            one_by_one = [await engine.generate(job, *work[rid], index=0, resume_from=rec) for job, rid, rec in same_schedule]
-            penalised = await engine.generate("penalised", *work["penalty"], index=0,
-                                              resume_from=_constructed_cut(alone["penalty"], 80))
-            tasks = [asyncio.ensure_future(engine.generate(job, *work[rid], index=0, resume_from=rec))
-                     for job, rid, rec in concurrent]
+            one_by_one = [
+                await engine.generate(job, *work[rid], index=0, resume_from=rec) for job, rid, rec in same_schedule
+            ]
+            penalised = await engine.generate(
+                "penalised", *work["penalty"], index=0, resume_from=_constructed_cut(alone["penalty"], 80)
+            )
+            tasks = [
+                asyncio.ensure_future(engine.generate(job, *work[rid], index=0, resume_from=rec))
+                for job, rid, rec in concurrent
+            ]
             await asyncio.sleep(0)
             recut = await engine.pause_and_capture()  # a cut of resumed requests, most not yet scheduled
             await engine.resume()
             together = await asyncio.gather(*tasks)
             # a cut that raced the end: EOS, or a stop string, already inside the prefix
             eos_spec = SamplingSpec(max_tokens=50, temperature=0.0)
-            eos_cut = SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=eos_spec, token_ids=[7, 8, 1, 9],
-                                   logprobs=[-1.0] * 4, versions=[0] * 4)
+            eos_cut = SampleRecord(
+                index=0,
+                state=SampleState.IN_FLIGHT,
+                sampling=eos_spec,
+                token_ids=[7, 8, 1, 9],
+                logprobs=[-1.0] * 4,
+                versions=[0] * 4,
+            )
             stop_spec = SamplingSpec(max_tokens=50, temperature=0.0, stop=(engine._decode([40, 41, 42])[-2:],))
-            stop_cut = SampleRecord(index=0, state=SampleState.IN_FLIGHT, sampling=stop_spec,
-                                    token_ids=[40, 41, 42], logprobs=[-1.0] * 3, versions=[0] * 3)
-            ends = (await engine.generate("eos", [5, 6], eos_spec, index=0, resume_from=eos_cut),
-                    await engine.generate("stop", [5, 6], stop_spec, index=0, resume_from=stop_cut))
+            stop_cut = SampleRecord(
+                index=0,
+                state=SampleState.IN_FLIGHT,
+                sampling=stop_spec,
+                token_ids=[40, 41, 42],
+                logprobs=[-1.0] * 3,
+                versions=[0] * 3,
+            )
+            ends = (
+                await engine.generate("eos", [5, 6], eos_spec, index=0, resume_from=eos_cut),
+                await engine.generate("stop", [5, 6], stop_spec, index=0, resume_from=stop_cut),
+            )
             return one_by_one, penalised, together, recut, ends
         finally:
             await engine.shutdown()
@@ -185,8 +222,9 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
         differ = np.flatnonzero(out.token_ids != ref[rid].token_ids)
         agree = int(differ[0]) if len(differ) else out.num_tokens
         assert agree > rec.num_tokens or rec.num_tokens == 0 or len(differ) == 0, f"{job}: diverged inside its prefix"
-        np.testing.assert_allclose(out.logprobs[:agree], ref[rid].logprobs[:agree], atol=BATCH_VARIANCE, rtol=0,
-                                   err_msg=job)
+        np.testing.assert_allclose(
+            out.logprobs[:agree], ref[rid].logprobs[:agree], atol=BATCH_VARIANCE, rtol=0, err_msg=job
+        )
         identical += len(differ) == 0
     assert checked >= 10
     assert identical >= 0.75 * checked, f"only {identical} of {checked} continuations token-identical under load"
@@ -204,5 +242,9 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
             if again.num_tokens == rec.num_tokens:
                 assert again.sampler_state == rec.sampler_state, job
 
-    assert (eos_end.state, eos_end.finish_reason, eos_end.token_ids.tolist()) == (SampleState.FINISHED, "stop", [7, 8, 1])
+    assert (eos_end.state, eos_end.finish_reason, eos_end.token_ids.tolist()) == (
+        SampleState.FINISHED,
+        "stop",
+        [7, 8, 1],
+    )
     assert (stop_end.finish_reason, stop_end.num_tokens) == ("stop", 3)

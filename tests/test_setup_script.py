@@ -42,7 +42,9 @@ def make_fake(folder: Path, name: str, text: str) -> Path:
     return path
 
 
-def run_setup(tmp_path: Path, pythons: dict[str, str | None], *, python_env: str | None = None) -> subprocess.CompletedProcess:
+def run_setup(
+    tmp_path: Path, pythons: dict[str, str | None], *, python_env: str | None = None
+) -> subprocess.CompletedProcess:
     """Run a copy of setup.sh with these fake interpreters (version, or None for a broken pyenv shim)."""
     repo, fakes = tmp_path / "repo", tmp_path / "bin"
     (repo / "scripts").mkdir(parents=True)
@@ -52,7 +54,7 @@ def run_setup(tmp_path: Path, pythons: dict[str, str | None], *, python_env: str
     calls = tmp_path / "calls.log"
     calls.touch()
     for name in ("python3.13", "python3.12", "python3.11", "python3"):  # shadow the real ones
-        version = pythons.get(name, None)
+        version = pythons.get(name)
         text = BROKEN_SHIM if version is None else FAKE_PYTHON.format(version=version, calls=calls)
         make_fake(fakes, name, text)
     env = {**os.environ, "PATH": f"{fakes}:/usr/bin:/bin"}
@@ -70,7 +72,9 @@ def venv_made_with(tmp_path: Path) -> str:
 
 def test_picks_the_first_python_that_runs_and_is_recent_enough(tmp_path: Path) -> None:
     """python3.13 is a broken pyenv shim and python3.12 is too old: python3.11 is used."""
-    result = run_setup(tmp_path, {"python3.13": None, "python3.12": "3.10.4", "python3.11": "3.11.9", "python3": "3.12.1"})
+    result = run_setup(
+        tmp_path, {"python3.13": None, "python3.12": "3.10.4", "python3.11": "3.11.9", "python3": "3.12.1"}
+    )
     assert result.returncode == 0, result.stderr
     assert venv_made_with(tmp_path) == "python3.11"
     assert "setup: creating .venv with python3.11 (3.11.9)" in result.stdout
@@ -93,8 +97,16 @@ def test_the_python_variable_wins(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("pythons", "python_env", "message"),
     [
-        ({"python3": "3.10.12"}, None, "setup: no Python >= 3.11 found on PATH (tried python3.13 python3.12 python3.11 python3)"),
-        ({"python3.13": "3.13.0"}, "/nowhere/python", "setup: PYTHON=/nowhere/python does not run or is older than 3.11"),
+        (
+            {"python3": "3.10.12"},
+            None,
+            "setup: no Python >= 3.11 found on PATH (tried python3.13 python3.12 python3.11 python3)",
+        ),
+        (
+            {"python3.13": "3.13.0"},
+            "/nowhere/python",
+            "setup: PYTHON=/nowhere/python does not run or is older than 3.11",
+        ),
     ],
 )
 def test_no_suitable_python_fails_with_one_line(

@@ -21,10 +21,18 @@ from snapshot_helpers import (
 )
 
 from partial_rollout.errors import SnapshotError
-from partial_rollout.snapshot import SNAPSHOT_FILENAME, SampleState, SnapshotReader, container, find_snapshot, load_snapshot, save_snapshot
+from partial_rollout.snapshot import (
+    SNAPSHOT_FILENAME,
+    SampleState,
+    SnapshotReader,
+    container,
+    find_snapshot,
+    load_snapshot,
+    save_snapshot,
+)
 
 
-@pytest.fixture()
+@pytest.fixture
 def saved(tmp_path: Path) -> Path:
     path = tmp_path / "good.safetensors"
     save_snapshot(example_snapshot(), path)
@@ -39,10 +47,9 @@ def rejected(path: Path) -> SnapshotError:
     with pytest.raises(SnapshotError) as info:
         load_snapshot(path)
     assert str(path) in str(info.value)
-    with pytest.raises(SnapshotError):
-        with SnapshotReader(path) as reader:
-            reader.verify_checksums()
-            reader.verify()
+    with pytest.raises(SnapshotError), SnapshotReader(path) as reader:
+        reader.verify_checksums()
+        reader.verify()
     return info.value
 
 
@@ -110,14 +117,14 @@ def test_other_safetensors_files_are_refused(tmp_path: Path) -> None:
     assert rejected(weights).field == "format"
 
 
-def edit_array(name: str, fn):  # noqa: ANN001, ANN202 - small test helper
+def edit_array(name: str, fn):
     def apply(arrays: dict[str, np.ndarray]) -> None:
         arrays[name] = fn(arrays[name].copy())
 
     return apply
 
 
-def setitem(index: int, value: float):  # noqa: ANN202
+def setitem(index: int, value: float):
     def apply(array: np.ndarray) -> np.ndarray:
         array[index] = value
         return array
@@ -134,10 +141,22 @@ def set_group_ids(arrays: dict[str, np.ndarray], ids: list[str]) -> None:
 # Each case breaks one rule with every checksum recomputed, so the rule itself must catch it.
 SEMANTIC_CASES = {
     "missing tensor": (dict(tensors=lambda a: a.pop("sample.logprobs")), "sample.logprobs", "tensor missing"),
-    "unknown tensor": (dict(tensors=lambda a: a.update({"sample.extra": np.zeros(1, np.uint8)})), "sample.extra", "unknown tensors"),
-    "wrong dtype": (dict(tensors=edit_array("sample.tokens", lambda x: x.astype(np.int64))), "sample.tokens", "dtype is int64"),
+    "unknown tensor": (
+        dict(tensors=lambda a: a.update({"sample.extra": np.zeros(1, np.uint8)})),
+        "sample.extra",
+        "unknown tensors",
+    ),
+    "wrong dtype": (
+        dict(tensors=edit_array("sample.tokens", lambda x: x.astype(np.int64))),
+        "sample.tokens",
+        "dtype is int64",
+    ),
     "wrong length": (dict(tensors=edit_array("sample.seed", lambda x: x[:-1])), "sample.seed", "entries"),
-    "two-dimensional": (dict(tensors=edit_array("group.state", lambda x: x.reshape(1, -1))), "group.state", "one-dimensional"),
+    "two-dimensional": (
+        dict(tensors=edit_array("group.state", lambda x: x.reshape(1, -1))),
+        "group.state",
+        "one-dimensional",
+    ),
     "offsets not monotone": (
         dict(tensors=edit_array("sample.token_offsets", setitem(4, 0))),
         "sample.token_offsets",
@@ -150,37 +169,81 @@ SEMANTIC_CASES = {
     ),
     "empty group": (dict(tensors=edit_array("group.sample_offsets", setitem(1, 0))), "group.sample_offsets", "empty"),
     "bad state code": (dict(tensors=edit_array("sample.state", setitem(0, 7))), "sample.state", "outside 0..2"),
-    "bad table code": (dict(tensors=edit_array("sample.finish_reason", setitem(0, 5))), "sample.finish_reason", "outside -1.."),
+    "bad table code": (
+        dict(tensors=edit_array("sample.finish_reason", setitem(0, 5))),
+        "sample.finish_reason",
+        "outside -1..",
+    ),
     "flag not 0/1": (dict(tensors=edit_array("sample.has_seed", setitem(0, 2))), "sample.has_seed", "outside 0..1"),
     "runs do not add up": (
         dict(tensors=edit_array("sample.version_run_lengths", setitem(0, 99))),
         "sample.version_run_lengths",
         "add up",
     ),
-    "version after policy": (dict(tensors=edit_array("sample.version_run_values", setitem(0, 4))), "sample.version_run_values", "outside 0..3"),
-    "token id past vocab": (dict(tensors=edit_array("sample.tokens", setitem(0, 1000))), "snapshot", "fingerprints.vocab_size"),
-    "positive logprob": (dict(tensors=edit_array("sample.logprobs", setitem(0, 0.5))), "sample partial-1/0", "finite and <= 0"),
-    "nan logprob": (dict(tensors=edit_array("sample.logprobs", setitem(2, np.nan))), "sample partial-1/0", "finite and <= 0"),
+    "version after policy": (
+        dict(tensors=edit_array("sample.version_run_values", setitem(0, 4))),
+        "sample.version_run_values",
+        "outside 0..3",
+    ),
+    "token id past vocab": (
+        dict(tensors=edit_array("sample.tokens", setitem(0, 1000))),
+        "snapshot",
+        "fingerprints.vocab_size",
+    ),
+    "positive logprob": (
+        dict(tensors=edit_array("sample.logprobs", setitem(0, 0.5))),
+        "sample partial-1/0",
+        "finite and <= 0",
+    ),
+    "nan logprob": (
+        dict(tensors=edit_array("sample.logprobs", setitem(2, np.nan))),
+        "sample partial-1/0",
+        "finite and <= 0",
+    ),
     "prefix over max_tokens": (
         dict(metadata=lambda m: m.update(tables=m["tables"].replace('"max_tokens":64', '"max_tokens":4'))),
         "sample partial-1/1",
         "exceed sampling.max_tokens",
     ),
     "malformed JSON": (dict(metadata=lambda m: m.update(tables="{not json")), "tables", "not valid JSON"),
-    "malformed group data": (dict(tensors=edit_array("group.data_bytes", setitem(0, ord("[")))), "group.data_bytes", "not valid UTF-8 JSON"),
+    "malformed group data": (
+        dict(tensors=edit_array("group.data_bytes", setitem(0, ord("[")))),
+        "group.data_bytes",
+        "not valid UTF-8 JSON",
+    ),
     "unknown metadata key": (dict(metadata=lambda m: m.update(extra="1")), "__metadata__", "unknown metadata keys"),
     "missing metadata key": (dict(metadata=lambda m: m.pop("counters")), "__metadata__", "missing metadata keys"),
-    "bad fingerprints": (dict(metadata=lambda m: m.update(fingerprints='{"model": "x"}')), "fingerprints", "missing fingerprint keys"),
+    "bad fingerprints": (
+        dict(metadata=lambda m: m.update(fingerprints='{"model": "x"}')),
+        "fingerprints",
+        "missing fingerprint keys",
+    ),
     "negative counter": (dict(metadata=lambda m: m.update(counters='{"yielded": -1}')), "counters", "non-negative"),
     "seed in table": (
         dict(metadata=lambda m: m.update(tables=m["tables"].replace('"max_tokens":10', '"max_tokens":10,"seed":1'))),
         "tables.sampling[1]",
         "seeds are stored in sample.seed",
     ),
-    "duplicate group id": (dict(tensors=lambda a: set_group_ids(a, ["pending-0", "partial-1", "ready-3", "ready-3"])), "group.id_bytes", "appears twice"),
-    "group id not UTF-8": (dict(tensors=lambda a: set_group_ids(a, ["pending-0", "partial-1", "\udcff", "ready-3"])), "group.id_bytes", "UTF-8"),
-    "loader tensor unreferenced": (dict(tensors=lambda a: a.update({"loader.9": np.zeros(1, np.uint8)})), "loader_state", "not referenced"),
-    "pending group with tokens": (dict(tensors=edit_array("sample.state", setitem(0, 1))), "group 'pending-0'", "every sample of a pending group"),
+    "duplicate group id": (
+        dict(tensors=lambda a: set_group_ids(a, ["pending-0", "partial-1", "ready-3", "ready-3"])),
+        "group.id_bytes",
+        "appears twice",
+    ),
+    "group id not UTF-8": (
+        dict(tensors=lambda a: set_group_ids(a, ["pending-0", "partial-1", "\udcff", "ready-3"])),
+        "group.id_bytes",
+        "UTF-8",
+    ),
+    "loader tensor unreferenced": (
+        dict(tensors=lambda a: a.update({"loader.9": np.zeros(1, np.uint8)})),
+        "loader_state",
+        "not referenced",
+    ),
+    "pending group with tokens": (
+        dict(tensors=edit_array("sample.state", setitem(0, 1))),
+        "group 'pending-0'",
+        "every sample of a pending group",
+    ),
 }
 
 
@@ -216,7 +279,12 @@ def test_header_offsets_past_the_end(saved: Path, tmp_path: Path) -> None:
 def test_fingerprint_mismatch_names_the_field(saved: Path) -> None:
     """load_snapshot(expect=...) refuses another tokenizer, model, vocab or vLLM, naming the field."""
     assert load_snapshot(saved, expect=fingerprints(model_path="/elsewhere")) is not None  # model_path is informational
-    for field, value in (("tokenizer", "sha256:other"), ("model", "sha256:other"), ("vocab_size", 2000), ("vllm_version", "0.99")):
+    for field, value in (
+        ("tokenizer", "sha256:other"),
+        ("model", "sha256:other"),
+        ("vocab_size", 2000),
+        ("vllm_version", "0.99"),
+    ):
         with pytest.raises(SnapshotError) as info:
             load_snapshot(saved, expect=fingerprints(**{field: value}))
         assert info.value.field == f"fingerprints.{field}"
@@ -305,7 +373,9 @@ def test_deeply_nested_json_is_refused_naming_the_field(saved: Path, tmp_path: P
     assert error.field == "header" and "nested too deeply" in str(error)
 
     for key in ("metadata", "loader_state", "tables"):
-        error = rejected(rewrite(saved, tmp_path / f"{key}.safetensors", metadata=lambda m, key=key: m.update({key: nested(depth)})))
+        error = rejected(
+            rewrite(saved, tmp_path / f"{key}.safetensors", metadata=lambda m, key=key: m.update({key: nested(depth)}))
+        )
         assert error.field == key and "nested too deeply" in str(error), str(error)
 
     data = [b'{"task":"math"}', nested(depth).encode(), b"{}", b"{}"]
@@ -314,13 +384,34 @@ def test_deeply_nested_json_is_refused_naming_the_field(saved: Path, tmp_path: P
 
 
 LOADER_TREES = {
-    "unknown numpy dtype": ({"__type__": "tensor", "framework": "numpy", "dtype": "float128", "name": "loader.0"}, "unknown numpy dtype"),
-    "dtype not a string": ({"__type__": "tensor", "framework": "numpy", "dtype": ["uint8"], "name": "loader.0"}, "unknown numpy dtype"),
-    "unknown torch dtype": ({"__type__": "tensor", "framework": "torch", "dtype": "float99", "name": "loader.0"}, "unknown torch dtype"),
-    "torch alias": ({"__type__": "tensor", "framework": "torch", "dtype": "half", "name": "loader.0"}, "unknown torch dtype"),
-    "torch complex128": ({"__type__": "tensor", "framework": "torch", "dtype": "complex128", "name": "loader.0"}, "cannot be stored"),
-    "torch quantized": ({"__type__": "tensor", "framework": "torch", "dtype": "qint8", "name": "loader.0"}, "cannot be stored"),
-    "unknown framework": ({"__type__": "tensor", "framework": {"jax": 1}, "dtype": "uint8", "name": "loader.0"}, "unknown tensor framework"),
+    "unknown numpy dtype": (
+        {"__type__": "tensor", "framework": "numpy", "dtype": "float128", "name": "loader.0"},
+        "unknown numpy dtype",
+    ),
+    "dtype not a string": (
+        {"__type__": "tensor", "framework": "numpy", "dtype": ["uint8"], "name": "loader.0"},
+        "unknown numpy dtype",
+    ),
+    "unknown torch dtype": (
+        {"__type__": "tensor", "framework": "torch", "dtype": "float99", "name": "loader.0"},
+        "unknown torch dtype",
+    ),
+    "torch alias": (
+        {"__type__": "tensor", "framework": "torch", "dtype": "half", "name": "loader.0"},
+        "unknown torch dtype",
+    ),
+    "torch complex128": (
+        {"__type__": "tensor", "framework": "torch", "dtype": "complex128", "name": "loader.0"},
+        "cannot be stored",
+    ),
+    "torch quantized": (
+        {"__type__": "tensor", "framework": "torch", "dtype": "qint8", "name": "loader.0"},
+        "cannot be stored",
+    ),
+    "unknown framework": (
+        {"__type__": "tensor", "framework": {"jax": 1}, "dtype": "uint8", "name": "loader.0"},
+        "unknown tensor framework",
+    ),
     "scalar dtype unhashable": ({"__type__": "numpy_scalar", "dtype": {"a": 1}, "value": 1}, "unknown numpy dtype"),
     "scalar out of range": ({"__type__": "numpy_scalar", "dtype": "uint8", "value": 300}, "is not a uint8"),
     "tag unhashable": ({"__type__": ["tensor"], "name": "loader.0"}, "malformed tagged value"),
@@ -334,5 +425,7 @@ def test_a_loader_state_with_an_unknown_dtype_is_refused(saved: Path, tmp_path: 
     naming loader_state, never a KeyError, TypeError or OverflowError."""
     node, message = LOADER_TREES[case]
     tree = {"generator": node}
-    error = rejected(rewrite(saved, tmp_path / "loader.safetensors", metadata=lambda m: m.update(loader_state=json.dumps(tree))))
+    error = rejected(
+        rewrite(saved, tmp_path / "loader.safetensors", metadata=lambda m: m.update(loader_state=json.dumps(tree)))
+    )
     assert error.field == "loader_state" and message in str(error), str(error)

@@ -55,7 +55,9 @@ def test_roundtrip_keeps_types_and_dtypes(tmp_path: Path) -> None:
     loaded = load_snapshot(tmp_path / "s.safetensors")
     assert loaded == snap
     flight = loaded.groups[2].samples[0]
-    assert flight.token_ids.dtype == np.int32 and flight.logprobs.dtype == np.float32 and flight.versions.dtype == np.int32
+    assert (
+        flight.token_ids.dtype == np.int32 and flight.logprobs.dtype == np.float32 and flight.versions.dtype == np.int32
+    )
     assert flight.versions.tolist() == [2, 2, 3, 3]
     assert flight.sampling.seed is None and flight.sampling.is_greedy
     assert [s.sampling.seed for s in loaded.groups[1].samples] == [1000, 1001, 1002]

@@ -49,7 +49,9 @@ def test_sampling_spec_rejects(fields: dict[str, Any], message: str) -> None:
 
 
 def test_sampling_spec_json_and_seed() -> None:
-    spec = SamplingSpec(max_tokens=8, temperature=0.5, stop=["\u00e9nd"], stop_token_ids=[2], seed=3, extra={"bad_words": ["x"]})
+    spec = SamplingSpec(
+        max_tokens=8, temperature=0.5, stop=["\u00e9nd"], stop_token_ids=[2], seed=3, extra={"bad_words": ["x"]}
+    )
     assert spec.stop == ("\u00e9nd",) and spec.stop_token_ids == (2,)
     assert SamplingSpec.from_json(spec.to_json()) == spec
     assert SamplingSpec.from_json({"max_tokens": 8}) == SamplingSpec(max_tokens=8)
@@ -93,11 +95,19 @@ def test_sample_record_state_rules() -> None:
     with pytest.raises(ValueError, match="a not_started sample has no tokens"):
         SampleRecord(index=0, state="not_started", sampling=SPEC, token_ids=[1], logprobs=[-1.0], versions=[0])
     record = SampleRecord(
-        index=0, state="finished", sampling=SPEC, token_ids=[1, 2], logprobs=[-1, -2], versions=[0, 1], finish_reason="stop"
+        index=0,
+        state="finished",
+        sampling=SPEC,
+        token_ids=[1, 2],
+        logprobs=[-1, -2],
+        versions=[0, 1],
+        finish_reason="stop",
     )
     assert record.state is SampleState.FINISHED and record.logprobs.dtype == np.float32 and record.remaining_tokens == 2
     strided = np.arange(8, dtype=np.int32)[::2]  # a view the writer could not stream: copied to contiguous
-    record = SampleRecord(index=0, state="in_flight", sampling=SPEC, token_ids=strided, logprobs=[-1.0] * 4, versions=strided)
+    record = SampleRecord(
+        index=0, state="in_flight", sampling=SPEC, token_ids=strided, logprobs=[-1.0] * 4, versions=strided
+    )
     assert record.token_ids.flags.c_contiguous and record.token_ids.tolist() == [0, 2, 4, 6]
 
 
@@ -118,7 +128,12 @@ def test_sample_record_state_rules() -> None:
     ],
 )
 def test_group_record_rejects(fields: dict[str, Any], message: str) -> None:
-    base = {"group_id": "g", "prompt_token_ids": [1], "state": GroupState.PENDING, "samples": [sample(0, SampleState.NOT_STARTED)]}
+    base = {
+        "group_id": "g",
+        "prompt_token_ids": [1],
+        "state": GroupState.PENDING,
+        "samples": [sample(0, SampleState.NOT_STARTED)],
+    }
     with pytest.raises(ValueError, match=message):
         GroupRecord(**{**base, **fields})
 
@@ -185,7 +200,11 @@ def test_fingerprints() -> None:
     fp = fingerprints(extra={"world_size": "8"})
     assert Fingerprints.from_json(fp.to_json()) == fp
     assert fp.mismatches(fingerprints(extra={"world_size": "8"}, model_path="/moved")) == []
-    assert fp.mismatches(fingerprints(tokenizer="sha256:x", vocab_size=5)) == ["tokenizer", "vocab_size", "extra.world_size"]
+    assert fp.mismatches(fingerprints(tokenizer="sha256:x", vocab_size=5)) == [
+        "tokenizer",
+        "vocab_size",
+        "extra.world_size",
+    ]
     with pytest.raises(ValueError, match="fingerprints.vocab_size must be >= 1"):
         fingerprints(vocab_size=0)
     with pytest.raises(ValueError, match="unknown fingerprint keys"):

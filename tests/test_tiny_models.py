@@ -25,8 +25,10 @@ def test_build_is_deterministic_and_cached(tmp_path: Path, arch: str) -> None:
     mtime = (a / "model.safetensors").stat().st_mtime_ns
     assert build_tiny_model(spec, tmp_path / "a") == a
     assert (a / "model.safetensors").stat().st_mtime_ns == mtime  # reused, not rebuilt
-    other = build_tiny_model(TinyModelSpec(arch=arch, hidden_size=64, num_heads=2, num_kv_heads=1,
-                                           intermediate_size=128, seed=7), tmp_path / "a")
+    other = build_tiny_model(
+        TinyModelSpec(arch=arch, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128, seed=7),
+        tmp_path / "a",
+    )
     assert other != a and _digests(other)["model.safetensors"] != _digests(a)["model.safetensors"]
 
 

@@ -49,8 +49,10 @@ async def _engine_without(config: EngineConfig, field: str, **options: Any) -> R
 
 async def _cut_and_resume(engine: ResumableEngine) -> tuple[dict, dict, list]:
     work = {"seeded": SEEDED, "greedy": GREEDY}
-    tasks = {rid: asyncio.ensure_future(engine.generate(rid, [7, 8, 9 + i], spec, index=i))
-             for i, (rid, spec) in enumerate(work.items())}
+    tasks = {
+        rid: asyncio.ensure_future(engine.generate(rid, [7, 8, 9 + i], spec, index=i))
+        for i, (rid, spec) in enumerate(work.items())
+    }
     while True:
         live = (await engine.progress()).live_tokens
         if len(live) == 2 and min(live.values()) >= 10:
@@ -59,8 +61,10 @@ async def _cut_and_resume(engine: ResumableEngine) -> tuple[dict, dict, list]:
     cut = await engine.pause_and_capture()
     await engine.resume()
     uninterrupted = {rid: await t for rid, t in tasks.items()}
-    resumed = [await engine.generate(f"again-{rid}", [7, 8, 9 + i], work[rid], index=i, resume_from=cut.samples[rid])
-               for i, rid in enumerate(work)]
+    resumed = [
+        await engine.generate(f"again-{rid}", [7, 8, 9 + i], work[rid], index=i, resume_from=cut.samples[rid])
+        for i, rid in enumerate(work)
+    ]
     return cut.samples, uninterrupted, resumed
 
 

@@ -25,7 +25,12 @@ async def start(config: EngineConfig) -> tuple[ResumableEngine, float]:
 
 
 async def generate(
-    engine: ResumableEngine, rid: str, prompt: list[int], sampling: SamplingSpec, *, index: int,
+    engine: ResumableEngine,
+    rid: str,
+    prompt: list[int],
+    sampling: SamplingSpec,
+    *,
+    index: int,
     resume_from: SampleRecord | None = None,
 ) -> SampleRecord:
     """Generate sample ``index`` of a group to the end; with ``resume_from``, continue that saved prefix."""

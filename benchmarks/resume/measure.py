@@ -179,10 +179,12 @@ class SavedWork:
         in_flight = [s for _, s in snapshot.iter_samples(SampleState.IN_FLIGHT)]
         not_started = [s for _, s in snapshot.iter_samples(SampleState.NOT_STARTED)]
         return cls(
-            samples_in_flight=len(in_flight), samples_not_started=len(not_started),
+            samples_in_flight=len(in_flight),
+            samples_not_started=len(not_started),
             prefix_tokens=sum(s.num_tokens for s in in_flight),
             max_prefix=max((s.num_tokens for s in in_flight), default=0),
-            remaining_tokens=sum(s.remaining_tokens for s in in_flight) + sum(s.sampling.max_tokens for s in not_started),
+            remaining_tokens=sum(s.remaining_tokens for s in in_flight)
+            + sum(s.sampling.max_tokens for s in not_started),
             sampler_state_bytes=sum(len(s.sampler_state or b"") for s in in_flight),
             prompt_tokens=sum(len(w.prompt) for w in recovered(snapshot)),
         )
@@ -216,9 +218,19 @@ def size_breakdown(path: Path) -> dict[str, int]:
 
 
 def consistency_checks(
-    saved: Snapshot, loaded: Snapshot, *, work: SavedWork, prompts_lost: int, saved_bytes: int, file_bytes: int,
-    sizes: dict[str, int], uninterrupted_decode: int, regenerate_decode: int, continue_decode: int,
-    continue_prefill: int, floor_prefill: int,
+    saved: Snapshot,
+    loaded: Snapshot,
+    *,
+    work: SavedWork,
+    prompts_lost: int,
+    saved_bytes: int,
+    file_bytes: int,
+    sizes: dict[str, int],
+    uninterrupted_decode: int,
+    regenerate_decode: int,
+    continue_decode: int,
+    continue_prefill: int,
+    floor_prefill: int,
 ) -> dict[str, dict[str, Any]]:
     """The benchmark's figures against the counts recomputed from the loaded file and the counters it stored in it.
 
@@ -241,14 +253,23 @@ def consistency_checks(
         "drop_prompts_lost": (prompts_lost, counts["groups_in_flight"] + counts["groups_pending"]),
         "drop_prefix_tokens_lost": (work.prefix_tokens, counts["tokens_in_flight"]),
         "regenerate_redone_decode": (regenerate_decode - work.remaining_tokens, counts["tokens_in_flight"]),
-        "continue_decode_tokens": (continue_decode, sum(s.remaining_tokens for _, s in loaded.iter_samples(*unfinished))),
+        "continue_decode_tokens": (
+            continue_decode,
+            sum(s.remaining_tokens for _, s in loaded.iter_samples(*unfinished)),
+        ),
         "continue_prefill_tokens": (
-            continue_prefill, sum(len(g.prompt_token_ids) + s.num_tokens for g, s in loaded.iter_samples(*unfinished))),
+            continue_prefill,
+            sum(len(g.prompt_token_ids) + s.num_tokens for g, s in loaded.iter_samples(*unfinished)),
+        ),
         "floor_prefill_tokens": (
-            floor_prefill, sum(len(g.prompt_token_ids) + s.num_tokens for g, s in loaded.iter_samples(SampleState.IN_FLIGHT))),
+            floor_prefill,
+            sum(len(g.prompt_token_ids) + s.num_tokens for g, s in loaded.iter_samples(SampleState.IN_FLIGHT)),
+        ),
         "uninterrupted_decode_after_cut": (uninterrupted_decode, work.remaining_tokens),
         "sampler_state_per_in_flight_sample": (
-            work.samples_in_flight, sum(s.sampler_state is not None for _, s in loaded.iter_samples(SampleState.IN_FLIGHT))),
+            work.samples_in_flight,
+            sum(s.sampler_state is not None for _, s in loaded.iter_samples(SampleState.IN_FLIGHT)),
+        ),
     }
     return {name: {"bench": bench, "snapshot": snap, "ok": bench == snap} for name, (bench, snap) in pairs.items()}
 
@@ -261,7 +282,9 @@ def first_divergence(x: np.ndarray, y: np.ndarray) -> int:
 
 
 def exactness(
-    saved: Snapshot, uninterrupted: dict[str, SampleRecord], continued: dict[str, SampleRecord],
+    saved: Snapshot,
+    uninterrupted: dict[str, SampleRecord],
+    continued: dict[str, SampleRecord],
     regenerated: dict[str, SampleRecord],
 ) -> dict[str, Any]:
     """Whether the three ways of finishing the same samples gave the same tokens, and where they first differ.
@@ -282,8 +305,20 @@ def exactness(
             pairs["regenerate_vs_uninterrupted"] = (regenerated[rid], ref[rid])
         for name, (x, y) in pairs.items():
             if not np.array_equal(x.token_ids, y.token_ids):
-                mismatches.append(dict(sample=rid, pair=name, prefix_at_cut=saved_k[rid],
-                                       first_divergence=first_divergence(x.token_ids, y.token_ids), length=len(y.token_ids)))
-    return dict(samples=len(ref), continue_equals_uninterrupted=int(same_continue),
-                regenerate_equals_uninterrupted=int(same_regen), continue_equals_regenerate=int(same_pending),
-                recovered=len(continued), mismatches=mismatches)
+                mismatches.append(
+                    dict(
+                        sample=rid,
+                        pair=name,
+                        prefix_at_cut=saved_k[rid],
+                        first_divergence=first_divergence(x.token_ids, y.token_ids),
+                        length=len(y.token_ids),
+                    )
+                )
+    return dict(
+        samples=len(ref),
+        continue_equals_uninterrupted=int(same_continue),
+        regenerate_equals_uninterrupted=int(same_regen),
+        continue_equals_regenerate=int(same_pending),
+        recovered=len(continued),
+        mismatches=mismatches,
+    )

@@ -130,8 +130,9 @@ class CutResult:
         return self.freeze_s - self.stop_s
 
 
-async def cut(engine: Any, requests: Requests, groups: list[Group], fingerprints: Fingerprints,
-              dispatched: Dispatched) -> CutResult:
+async def cut(
+    engine: Any, requests: Requests, groups: list[Group], fingerprints: Fingerprints, dispatched: Dispatched
+) -> CutResult:
     """Pause and capture, build the snapshot in memory, resume: the engine is frozen only this long."""
     t_cut = time.perf_counter()
     captured = await calls.pause_and_capture(engine)
@@ -144,9 +145,16 @@ async def cut(engine: Any, requests: Requests, groups: list[Group], fingerprints
     snapshot = build_snapshot(fingerprints, groups, at_cut, bench_counters(groups, at_cut))
     await calls.resume(engine)
     resumed = await Clocks.read(engine)
-    return CutResult(snapshot=snapshot, t_cut=t_cut, pause_s=captured.pause_s, stop_s=captured.stop_s,
-                     freeze_s=resumed.wall_s - t_cut, tokens_at_cut=tokens_at_cut,
-                     steady=steady_state(dispatched.last_dispatch, t_cut, tokens_at_cut, clock_at_cut), resumed=resumed)
+    return CutResult(
+        snapshot=snapshot,
+        t_cut=t_cut,
+        pause_s=captured.pause_s,
+        stop_s=captured.stop_s,
+        freeze_s=resumed.wall_s - t_cut,
+        tokens_at_cut=tokens_at_cut,
+        steady=steady_state(dispatched.last_dispatch, t_cut, tokens_at_cut, clock_at_cut),
+        resumed=resumed,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,8 +168,9 @@ class Uninterrupted:
     """From resume() after the cut until every sample finished."""
 
 
-async def uninterrupted_and_save(engine: Any, requests: Requests, groups: list[Group], at_cut: CutResult,
-                                 path: Path) -> Uninterrupted:
+async def uninterrupted_and_save(
+    engine: Any, requests: Requests, groups: list[Group], at_cut: CutResult, path: Path
+) -> Uninterrupted:
     """Finish the remainder in place, pending groups included (the same remaining work), while the snapshot is saved."""
     for g in groups:
         if g.pending:
@@ -174,8 +183,9 @@ async def uninterrupted_and_save(engine: Any, requests: Requests, groups: list[G
 
     size, save_s = await asyncio.to_thread(save)
     finished = await requests.gather()
-    return Uninterrupted(path=path, bytes=size, save_s=save_s, finished=finished,
-                         spent=await Clocks.read(engine) - at_cut.resumed)
+    return Uninterrupted(
+        path=path, bytes=size, save_s=save_s, finished=finished, spent=await Clocks.read(engine) - at_cut.resumed
+    )
 
 
 @dataclass(frozen=True)
@@ -208,9 +218,14 @@ async def run_to_kill(config: Any, groups: list[Group], folder: Path) -> KilledR
     finally:
         await calls.shutdown(engine)
     shift = at_cut.t_cut - t0
-    return KilledRun(engine_start_s=start_s, precut_s=shift, cut=at_cut, uninterrupted=rest,
-                     decode_tokens_after_cut=decode_after_cut,
-                     timeline=[(round(t - shift, 3), e, u) for t, e, u in tracker.timeline])
+    return KilledRun(
+        engine_start_s=start_s,
+        precut_s=shift,
+        cut=at_cut,
+        uninterrupted=rest,
+        decode_tokens_after_cut=decode_after_cut,
+        timeline=[(round(t - shift, 3), e, u) for t, e, u in tracker.timeline],
+    )
 
 
 # --- the restarts --------------------------------------------------------------------------------
@@ -251,17 +266,28 @@ async def recover(engine: Any, work: list[Recovered], *, resume: bool, start_s: 
     tracker = Tracker(engine, redo=None if resume else {w.rid: w.sample.num_tokens for w in work})
     before = await Clocks.read(engine)
     tracker.start_timeline(before.wall_s)
-    records = await asyncio.gather(*(
-        tracker.generate(w.rid, w.prompt, w.sample.sampling, index=w.sample.index, resume_from=w.sample if resume else None)
-        for w in work
-    ))
+    records = await asyncio.gather(
+        *(
+            tracker.generate(
+                w.rid, w.prompt, w.sample.sampling, index=w.sample.index, resume_from=w.sample if resume else None
+            )
+            for w in work
+        )
+    )
     spent = await Clocks.read(engine) - before
     await tracker.stop_timeline()
     decode, useful = await tracker.totals()
     warm = await warm_rerun(engine, work, resume=resume)
-    return Restart(engine_start_s=start_s, spent=spent, warm=warm, decode_tokens=decode, useful_tokens=useful,
-                   prefill_tokens=sum(len(w.prompt) + (w.sample.num_tokens if resume else 0) for w in work),
-                   records={w.rid: r for w, r in zip(work, records)}, timeline=tracker.timeline)
+    return Restart(
+        engine_start_s=start_s,
+        spent=spent,
+        warm=warm,
+        decode_tokens=decode,
+        useful_tokens=useful,
+        prefill_tokens=sum(len(w.prompt) + (w.sample.num_tokens if resume else 0) for w in work),
+        records={w.rid: r for w, r in zip(work, records)},
+        timeline=tracker.timeline,
+    )
 
 
 async def warm_rerun(engine: Any, work: list[Recovered], *, resume: bool) -> Clocks:
@@ -273,11 +299,19 @@ async def warm_rerun(engine: Any, work: list[Recovered], *, resume: bool) -> Clo
     """
     await calls.reset_prefix_cache(engine)
     before = await Clocks.read(engine)
-    await asyncio.gather(*(
-        calls.generate(engine, f"warm/{w.rid}", w.prompt, w.sample.sampling, index=w.sample.index,
-                       resume_from=w.sample if resume else None)
-        for w in work
-    ))
+    await asyncio.gather(
+        *(
+            calls.generate(
+                engine,
+                f"warm/{w.rid}",
+                w.prompt,
+                w.sample.sampling,
+                index=w.sample.index,
+                resume_from=w.sample if resume else None,
+            )
+            for w in work
+        )
+    )
     return await Clocks.read(engine) - before
 
 
@@ -288,13 +322,24 @@ async def prefill_floor(engine: Any, work: list[Recovered]) -> Floor:
     fresh-process costs), and regenerate's own cached blocks cannot help it.
     """
     await calls.reset_prefix_cache(engine)
-    floor = [(w.rid, w.prompt + w.sample.token_ids.tolist(), w.sample) for w in work if w.sample.state is SampleState.IN_FLIGHT]
+    floor = [
+        (w.rid, w.prompt + w.sample.token_ids.tolist(), w.sample)
+        for w in work
+        if w.sample.state is SampleState.IN_FLIGHT
+    ]
     before = await Clocks.read(engine)
-    await asyncio.gather(*(
-        calls.generate(engine, f"floor/{rid}", ids,
-                       SamplingSpec(max_tokens=1, temperature=1.0, seed=s.sampling.seed, ignore_eos=True), index=s.index)
-        for rid, ids, s in floor
-    ))
+    await asyncio.gather(
+        *(
+            calls.generate(
+                engine,
+                f"floor/{rid}",
+                ids,
+                SamplingSpec(max_tokens=1, temperature=1.0, seed=s.sampling.seed, ignore_eos=True),
+                index=s.index,
+            )
+            for rid, ids, s in floor
+        )
+    )
     return Floor(spent=await Clocks.read(engine) - before, prefill_tokens=sum(len(ids) for _, ids, _ in floor))
 
 
@@ -334,9 +379,11 @@ class Lost:
 def drop(saved: Snapshot) -> Lost:
     """Legacy semantics: nothing is resumed, so in-flight and pending prompts never come back."""
     unfinished = [s for _, s in saved.iter_samples(SampleState.IN_FLIGHT, SampleState.NOT_STARTED)]
-    return Lost(prompts=sum(g.state in (GroupState.IN_FLIGHT, GroupState.PENDING) for g in saved.groups),
-                samples=len(unfinished),
-                prefix_tokens=sum(s.num_tokens for s in unfinished if s.state is SampleState.IN_FLIGHT))
+    return Lost(
+        prompts=sum(g.state in (GroupState.IN_FLIGHT, GroupState.PENDING) for g in saved.groups),
+        samples=len(unfinished),
+        prefix_tokens=sum(s.num_tokens for s in unfinished if s.state is SampleState.IN_FLIGHT),
+    )
 
 
 # --- one repetition ------------------------------------------------------------------------------
@@ -359,6 +406,14 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
         sizes = size_breakdown(path)
     regenerated, floor = restarts["regenerate"]
     return report.rep_record(
-        rep, killed, restarts["continue"], regenerated, floor, drop(killed.cut.snapshot), file_bytes=file_bytes, sizes=sizes,
-        load_before=load_before, wall_start=wall_start,
+        rep,
+        killed,
+        restarts["continue"],
+        regenerated,
+        floor,
+        drop(killed.cut.snapshot),
+        file_bytes=file_bytes,
+        sizes=sizes,
+        load_before=load_before,
+        wall_start=wall_start,
     )

@@ -65,28 +65,74 @@ DEFINITIONS = {
 # --- one repetition ------------------------------------------------------------------------------
 
 
-def mode_figures(killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost: Lost, remaining: int) -> dict[str, Any]:
+def mode_figures(
+    killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost: Lost, remaining: int
+) -> dict[str, Any]:
     """Every mode's cost for the same remainder, and its ratios to the uninterrupted run and to continue."""
     unint = killed.uninterrupted.spent
     decode_after_cut = killed.decode_tokens_after_cut
     modes = {
-        "uninterrupted": dict(recovery_s=unint.wall_s, cpu_s=unint.cpu_s, steps=unint.steps, decode_tokens=decode_after_cut,
-                              prefill_tokens=0, redone_decode_tokens=decode_after_cut - remaining, useful_tokens=remaining,
-                              prompts_lost=0, samples_lost=0, prefix_tokens_lost=0),
-        "drop": dict(recovery_s=0.0, cpu_s=0.0, steps=0, decode_tokens=0, prefill_tokens=0, redone_decode_tokens=0, useful_tokens=0,
-                     prompts_lost=lost.prompts, samples_lost=lost.samples, prefix_tokens_lost=lost.prefix_tokens),
-        "regenerate": dict(recovery_s=b.spent.wall_s, cpu_s=b.spent.cpu_s, steps=b.spent.steps, warm_s=b.warm.wall_s,
-                           warm_cpu_s=b.warm.cpu_s, decode_tokens=b.decode_tokens, prefill_tokens=b.prefill_tokens,
-                           redone_decode_tokens=b.decode_tokens - remaining, useful_tokens=b.useful_tokens,
-                           prompts_lost=0, samples_lost=0, prefix_tokens_lost=0, engine_start_s=b.engine_start_s),
-        "continue": dict(recovery_s=c.spent.wall_s, cpu_s=c.spent.cpu_s, steps=c.spent.steps, floor_steps=floor.spent.steps,
-                         warm_s=c.warm.wall_s, warm_cpu_s=c.warm.cpu_s, decode_tokens=c.decode_tokens,
-                         prefill_tokens=c.prefill_tokens, redone_decode_tokens=c.decode_tokens - remaining,
-                         useful_tokens=c.useful_tokens, prompts_lost=0, samples_lost=0, prefix_tokens_lost=0,
-                         engine_start_s=c.engine_start_s, load_s=c.load_s, floor_s=floor.spent.wall_s,
-                         floor_cpu_s=floor.spent.cpu_s, over_floor_s=c.spent.wall_s - floor.spent.wall_s,
-                         over_floor_cpu_s=c.spent.cpu_s - floor.spent.cpu_s,
-                         over_floor_ratio=c.spent.wall_s / floor.spent.wall_s if floor.spent.wall_s > 0 else None),
+        "uninterrupted": dict(
+            recovery_s=unint.wall_s,
+            cpu_s=unint.cpu_s,
+            steps=unint.steps,
+            decode_tokens=decode_after_cut,
+            prefill_tokens=0,
+            redone_decode_tokens=decode_after_cut - remaining,
+            useful_tokens=remaining,
+            prompts_lost=0,
+            samples_lost=0,
+            prefix_tokens_lost=0,
+        ),
+        "drop": dict(
+            recovery_s=0.0,
+            cpu_s=0.0,
+            steps=0,
+            decode_tokens=0,
+            prefill_tokens=0,
+            redone_decode_tokens=0,
+            useful_tokens=0,
+            prompts_lost=lost.prompts,
+            samples_lost=lost.samples,
+            prefix_tokens_lost=lost.prefix_tokens,
+        ),
+        "regenerate": dict(
+            recovery_s=b.spent.wall_s,
+            cpu_s=b.spent.cpu_s,
+            steps=b.spent.steps,
+            warm_s=b.warm.wall_s,
+            warm_cpu_s=b.warm.cpu_s,
+            decode_tokens=b.decode_tokens,
+            prefill_tokens=b.prefill_tokens,
+            redone_decode_tokens=b.decode_tokens - remaining,
+            useful_tokens=b.useful_tokens,
+            prompts_lost=0,
+            samples_lost=0,
+            prefix_tokens_lost=0,
+            engine_start_s=b.engine_start_s,
+        ),
+        "continue": dict(
+            recovery_s=c.spent.wall_s,
+            cpu_s=c.spent.cpu_s,
+            steps=c.spent.steps,
+            floor_steps=floor.spent.steps,
+            warm_s=c.warm.wall_s,
+            warm_cpu_s=c.warm.cpu_s,
+            decode_tokens=c.decode_tokens,
+            prefill_tokens=c.prefill_tokens,
+            redone_decode_tokens=c.decode_tokens - remaining,
+            useful_tokens=c.useful_tokens,
+            prompts_lost=0,
+            samples_lost=0,
+            prefix_tokens_lost=0,
+            engine_start_s=c.engine_start_s,
+            load_s=c.load_s,
+            floor_s=floor.spent.wall_s,
+            floor_cpu_s=floor.spent.cpu_s,
+            over_floor_s=c.spent.wall_s - floor.spent.wall_s,
+            over_floor_cpu_s=c.spent.cpu_s - floor.spent.cpu_s,
+            over_floor_ratio=c.spent.wall_s / floor.spent.wall_s if floor.spent.wall_s > 0 else None,
+        ),
     }
     steady_tok_s = killed.cut.steady.tok_s
     for m in modes.values():
@@ -108,17 +154,35 @@ def mode_figures(killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost
 
 
 def rep_record(
-    rep: int, killed: KilledRun, c: Continued, b: Restart, floor: Floor, lost: Lost, *, file_bytes: int,
-    sizes: dict[str, int], load_before: float, wall_start: float,
+    rep: int,
+    killed: KilledRun,
+    c: Continued,
+    b: Restart,
+    floor: Floor,
+    lost: Lost,
+    *,
+    file_bytes: int,
+    sizes: dict[str, int],
+    load_before: float,
+    wall_start: float,
 ) -> dict[str, Any]:
     """One repetition's figures, checks and timelines, as stored under ``points[].reps[]``."""
     saved, loaded, cut, unint = killed.cut.snapshot, c.loaded, killed.cut, killed.uninterrupted
     counts = loaded.counts()
     work = SavedWork.of(saved)
     checks = consistency_checks(
-        saved, loaded, work=work, prompts_lost=lost.prompts, saved_bytes=unint.bytes, file_bytes=file_bytes, sizes=sizes,
-        uninterrupted_decode=killed.decode_tokens_after_cut, regenerate_decode=b.decode_tokens,
-        continue_decode=c.decode_tokens, continue_prefill=c.prefill_tokens, floor_prefill=floor.prefill_tokens,
+        saved,
+        loaded,
+        work=work,
+        prompts_lost=lost.prompts,
+        saved_bytes=unint.bytes,
+        file_bytes=file_bytes,
+        sizes=sizes,
+        uninterrupted_decode=killed.decode_tokens_after_cut,
+        regenerate_decode=b.decode_tokens,
+        continue_decode=c.decode_tokens,
+        continue_prefill=c.prefill_tokens,
+        floor_prefill=floor.prefill_tokens,
     )
     step_ms = cut.steady.step_ms
     stall_ms = 1000 * cut.stall_s
@@ -127,31 +191,64 @@ def rep_record(
         rep=rep,
         wall_s=time.perf_counter() - wall_start,
         loadavg_1m=dict(before=load_before, after=os.getloadavg()[0]),
-        workload=dict(groups=len(saved.groups), groups_pending=counts["groups_pending"],
-                      samples_in_flight=work.samples_in_flight, samples_not_started=work.samples_not_started,
-                      samples_finished_before_cut=counts["samples_finished"], prefix_tokens=tokens,
-                      mean_prefix_measured=tokens / max(1, work.samples_in_flight), max_prefix=work.max_prefix,
-                      remaining_tokens=work.remaining_tokens, recovered_prompt_tokens=work.prompt_tokens),
-        presave=dict(engine_start_s=killed.engine_start_s, precut_s=killed.precut_s, tokens_before_cut=cut.tokens_at_cut,
-                     steady_tok_s=cut.steady.tok_s, steady_window_s=cut.steady.window_s, step_ms=step_ms),
-        save=dict(pause_ms=1000 * cut.pause_s, freeze_ms=1000 * cut.freeze_s, stop_ms=1000 * cut.stop_s, stall_ms=stall_ms,
-                  pause_in_decode_steps=(1000 * cut.pause_s / step_ms) if step_ms else None,
-                  stall_in_decode_steps=stall_ms / step_ms if step_ms else None,
-                  save_s=unint.save_s, load_s=c.load_s, snapshot_bytes=unint.bytes, in_flight_tokens=tokens,
-                  sampler_state_bytes=work.sampler_state_bytes,
-                  bytes_per_in_flight_token=unint.bytes / tokens if tokens else None,
-                  bytes_per_in_flight_token_excl_sampler_state=(unint.bytes - work.sampler_state_bytes) / tokens if tokens else None,
-                  token_data_bytes_per_token=sizes["token_data"] / counts["tokens"] if counts["tokens"] else None,
-                  **{f"bytes_{k}": v for k, v in sizes.items()}),
-        floor=dict(floor_s=floor.spent.wall_s, floor_cpu_s=floor.spent.cpu_s, floor_steps=floor.spent.steps,
-                   floor_prefill_tokens=floor.prefill_tokens),
+        workload=dict(
+            groups=len(saved.groups),
+            groups_pending=counts["groups_pending"],
+            samples_in_flight=work.samples_in_flight,
+            samples_not_started=work.samples_not_started,
+            samples_finished_before_cut=counts["samples_finished"],
+            prefix_tokens=tokens,
+            mean_prefix_measured=tokens / max(1, work.samples_in_flight),
+            max_prefix=work.max_prefix,
+            remaining_tokens=work.remaining_tokens,
+            recovered_prompt_tokens=work.prompt_tokens,
+        ),
+        presave=dict(
+            engine_start_s=killed.engine_start_s,
+            precut_s=killed.precut_s,
+            tokens_before_cut=cut.tokens_at_cut,
+            steady_tok_s=cut.steady.tok_s,
+            steady_window_s=cut.steady.window_s,
+            step_ms=step_ms,
+        ),
+        save=dict(
+            pause_ms=1000 * cut.pause_s,
+            freeze_ms=1000 * cut.freeze_s,
+            stop_ms=1000 * cut.stop_s,
+            stall_ms=stall_ms,
+            pause_in_decode_steps=(1000 * cut.pause_s / step_ms) if step_ms else None,
+            stall_in_decode_steps=stall_ms / step_ms if step_ms else None,
+            save_s=unint.save_s,
+            load_s=c.load_s,
+            snapshot_bytes=unint.bytes,
+            in_flight_tokens=tokens,
+            sampler_state_bytes=work.sampler_state_bytes,
+            bytes_per_in_flight_token=unint.bytes / tokens if tokens else None,
+            bytes_per_in_flight_token_excl_sampler_state=(unint.bytes - work.sampler_state_bytes) / tokens
+            if tokens
+            else None,
+            token_data_bytes_per_token=sizes["token_data"] / counts["tokens"] if counts["tokens"] else None,
+            **{f"bytes_{k}": v for k, v in sizes.items()},
+        ),
+        floor=dict(
+            floor_s=floor.spent.wall_s,
+            floor_cpu_s=floor.spent.cpu_s,
+            floor_steps=floor.spent.steps,
+            floor_prefill_tokens=floor.prefill_tokens,
+        ),
         modes=mode_figures(killed, c, b, floor, lost, work.remaining_tokens),
         exact=exactness(saved, unint.finished, c.records, b.records),
         checks=checks,
         consistent=all(v["ok"] for v in checks.values()),
-        timelines=dict(presave=killed.timeline, regenerate=b.timeline, **{"continue": c.timeline},
-                       restart_s={"continue": c.engine_start_s + c.load_s, "regenerate": b.engine_start_s},
-                       floor_s=floor.spent.wall_s, save_s=unint.save_s, uninterrupted_s=unint.spent.wall_s),
+        timelines=dict(
+            presave=killed.timeline,
+            regenerate=b.timeline,
+            **{"continue": c.timeline},
+            restart_s={"continue": c.engine_start_s + c.load_s, "regenerate": b.engine_start_s},
+            floor_s=floor.spent.wall_s,
+            save_s=unint.save_s,
+            uninterrupted_s=unint.spent.wall_s,
+        ),
     )
 
 
@@ -164,8 +261,9 @@ def spread(values: list[Any]) -> dict[str, Any] | None:
     if not vals:
         return None
     med = statistics.median(vals)
-    return dict(median=med, min=min(vals), max=max(vals), n=len(vals),
-                rel_spread=(max(vals) - min(vals)) / med if med else 0.0)
+    return dict(
+        median=med, min=min(vals), max=max(vals), n=len(vals), rel_spread=(max(vals) - min(vals)) / med if med else 0.0
+    )
 
 
 def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -183,10 +281,12 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "continue_redone_decode_tokens_target": 0,
         "continue_vs_uninterrupted_median": med("continue", "vs_uninterrupted"),
         "continue_vs_uninterrupted_target": TARGET_CONTINUE_VS_UNINTERRUPTED,
-        "continue_vs_uninterrupted_met": (med("continue", "vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "continue_vs_uninterrupted_met": (med("continue", "vs_uninterrupted") or math.inf)
+        <= TARGET_CONTINUE_VS_UNINTERRUPTED,
         "continue_cpu_vs_uninterrupted_median": med("continue", "cpu_vs_uninterrupted"),
         "continue_steps_vs_uninterrupted_median": med("continue", "steps_vs_uninterrupted"),
-        "continue_steps_vs_uninterrupted_met": (med("continue", "steps_vs_uninterrupted") or math.inf) <= TARGET_CONTINUE_VS_UNINTERRUPTED,
+        "continue_steps_vs_uninterrupted_met": (med("continue", "steps_vs_uninterrupted") or math.inf)
+        <= TARGET_CONTINUE_VS_UNINTERRUPTED,
         "regenerate_vs_continue_steps_median": med("regenerate", "steps_vs_continue"),
         "regenerate_vs_continue_median": med("regenerate", "vs_continue"),
         "regenerate_vs_continue_cpu_median": med("regenerate", "cpu_vs_continue"),
@@ -196,19 +296,26 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "pause_in_decode_steps_median": (save["pause_in_decode_steps"] or {}).get("median"),
         "stall_in_decode_steps_median": (save["stall_in_decode_steps"] or {}).get("median"),
         "stall_within_one_decode_step": ((save["stall_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
-        "bytes_per_in_flight_token_excl_sampler_state_median": (save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median"),
+        "bytes_per_in_flight_token_excl_sampler_state_median": (
+            save["bytes_per_in_flight_token_excl_sampler_state"] or {}
+        ).get("median"),
         "bytes_per_token_target": TARGET_BYTES_PER_TOKEN,
-        "bytes_per_token_met": ((save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median") or math.inf) <= TARGET_BYTES_PER_TOKEN,
+        "bytes_per_token_met": ((save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median") or math.inf)
+        <= TARGET_BYTES_PER_TOKEN,
     }
     summary["consistent_all_reps"] = all(r["consistent"] for r in reps)
     summary["exact_all_reps"] = all(
-        r["exact"]["continue_equals_uninterrupted"] == r["exact"]["samples"] == r["exact"]["regenerate_equals_uninterrupted"]
+        r["exact"]["continue_equals_uninterrupted"]
+        == r["exact"]["samples"]
+        == r["exact"]["regenerate_equals_uninterrupted"]
         for r in reps
     )
     return summary
 
 
-def collect(points_spec: list[tuple[int, int, int]], results: dict[tuple[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def collect(
+    points_spec: list[tuple[int, int, int]], results: dict[tuple[int, int], list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
     """Per-point summaries of the repetitions run so far; the first repetition's timelines are kept."""
     points = []
     for n, L, reps in points_spec:
@@ -217,8 +324,11 @@ def collect(points_spec: list[tuple[int, int, int]], results: dict[tuple[int, in
             continue
         timeline = done[0].get("timelines")
         kept = [{k: v for k, v in r.items() if k != "timelines"} for r in done]
-        points.append(dict(num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=kept,
-                           summary=summarize(kept), timeline=timeline))
+        points.append(
+            dict(
+                num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=kept, summary=summarize(kept), timeline=timeline
+            )
+        )
     return points
 
 
@@ -233,18 +343,31 @@ def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for mode in MODES:
             m = s["modes"][mode]
             g = lambda k: (m.get(k) or {}).get("median")  # noqa: E731
-            rows.append(dict(
-                in_flight=p["num_in_flight"], mean_prefix=p["mean_prefix"], mode=mode, reps=len(p["reps"]),
-                recovery_s=g("recovery_s"), recovery_s_min=(m.get("recovery_s") or {}).get("min"),
-                recovery_s_max=(m.get("recovery_s") or {}).get("max"), vs_uninterrupted=g("vs_uninterrupted"),
-                cpu_s=g("cpu_s"), cpu_vs_uninterrupted=g("cpu_vs_uninterrupted"),
-                warm_s=g("warm_s"), warm_vs_uninterrupted=g("warm_vs_uninterrupted"),
-                steps=g("steps"), steps_vs_uninterrupted=g("steps_vs_uninterrupted"),
-                decode_tokens=g("decode_tokens"), prefill_tokens=g("prefill_tokens"),
-                redone_decode_tokens=g("redone_decode_tokens"), useful_tok_s=g("useful_tok_s"),
-                useful_vs_steady=g("useful_vs_steady"), prompts_lost=g("prompts_lost"),
-                prefix_tokens_lost=g("prefix_tokens_lost"),
-            ))
+            rows.append(
+                dict(
+                    in_flight=p["num_in_flight"],
+                    mean_prefix=p["mean_prefix"],
+                    mode=mode,
+                    reps=len(p["reps"]),
+                    recovery_s=g("recovery_s"),
+                    recovery_s_min=(m.get("recovery_s") or {}).get("min"),
+                    recovery_s_max=(m.get("recovery_s") or {}).get("max"),
+                    vs_uninterrupted=g("vs_uninterrupted"),
+                    cpu_s=g("cpu_s"),
+                    cpu_vs_uninterrupted=g("cpu_vs_uninterrupted"),
+                    warm_s=g("warm_s"),
+                    warm_vs_uninterrupted=g("warm_vs_uninterrupted"),
+                    steps=g("steps"),
+                    steps_vs_uninterrupted=g("steps_vs_uninterrupted"),
+                    decode_tokens=g("decode_tokens"),
+                    prefill_tokens=g("prefill_tokens"),
+                    redone_decode_tokens=g("redone_decode_tokens"),
+                    useful_tok_s=g("useful_tok_s"),
+                    useful_vs_steady=g("useful_vs_steady"),
+                    prompts_lost=g("prompts_lost"),
+                    prefix_tokens_lost=g("prefix_tokens_lost"),
+                )
+            )
     return rows
 
 
@@ -268,8 +391,11 @@ def markdown(result: dict[str, Any]) -> str:
             f" | {fmt(r['vs_uninterrupted'])} | {fmt(r.get('cpu_s'))} ({fmt(r.get('cpu_vs_uninterrupted'))}) | {fmt(r.get('warm_s'))} ({fmt(r.get('warm_vs_uninterrupted'))}) | {fmt(r['decode_tokens'])} | {fmt(r['prefill_tokens'])} | {fmt(r['redone_decode_tokens'])}"
             f" | {fmt(r['useful_tok_s'], 0)} ({fmt(r['useful_vs_steady'])}) | {fmt(r['prompts_lost'])} |"
         )
-    lines += ["", "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for p in result["points"]:
         s = p["summary"]
         sv = lambda k: (s["save"].get(k) or {}).get("median")  # noqa: E731
@@ -291,12 +417,25 @@ def markdown(result: dict[str, Any]) -> str:
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     mem = None
     try:
-        mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) * 1024
+        mem = (
+            int(
+                next(
+                    line.split()[1]
+                    for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("MemTotal")
+                )
+            )
+            * 1024
+        )
     except (OSError, StopIteration):
         pass
     gpu = None
@@ -305,10 +444,18 @@ def machine() -> dict[str, Any]:
 
         if torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(0)
-    except Exception:  # noqa: BLE001 - informational only
+    except Exception:
         pass
-    return dict(platform=platform.platform(), python=platform.python_version(), cpu=cpu, cpu_count=os.cpu_count(),
-                affinity=len(os.sched_getaffinity(0)), memory_bytes=mem, loadavg_at_end=os.getloadavg(), gpu=gpu)
+    return dict(
+        platform=platform.platform(),
+        python=platform.python_version(),
+        cpu=cpu,
+        cpu_count=os.cpu_count(),
+        affinity=len(os.sched_getaffinity(0)),
+        memory_bytes=mem,
+        loadavg_at_end=os.getloadavg(),
+        gpu=gpu,
+    )
 
 
 def versions() -> dict[str, Any]:
@@ -317,8 +464,12 @@ def versions() -> dict[str, Any]:
 
     commit = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
-                                timeout=5).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     return dict(vllm=vllm.__version__, torch=torch.__version__, numpy=np.__version__, partial_rollout_commit=commit)
@@ -327,18 +478,31 @@ def versions() -> dict[str, Any]:
 def assemble(args: argparse.Namespace, config: Any, points: list[dict[str, Any]], started: float) -> dict[str, Any]:
     """The whole JSON result: machine, versions, configuration, definitions, points, tables and verdicts."""
     result = dict(
-        benchmark="resume_throughput", created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        wall_s=time.time() - started, command=" ".join(["python -m benchmarks.resume_throughput", *sys.argv[1:]]),
-        machine=machine(), versions=versions(),
-        config=dict(engine={k: v for k, v in dataclasses.asdict(config).items() if k != "extra"},
-                    samples=args.samples, prefix=args.prefix, reps=args.reps, big_point=args.big_point,
-                    big_reps=args.big_reps, group_size=args.group_size, prompt_tokens=args.prompt_tokens, seed=args.seed,
-                    workload="prefix K ~ U[0.5L, 1.5L] per group (staggered dispatch), remainder ~ lognormal(mean 0.5L, sigma 1) clipped to [16, 2L] and the context; temperature 1, per-sample seeds, ignore_eos; pending groups = max(1, groups/8)",
-                    restart="in-process: engine shut down after the uninterrupted remainder; each recovery mode starts a fresh ResumableEngine (new engine-core process, cold KV cache) and reads the snapshot from disk"),
+        benchmark="resume_throughput",
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        wall_s=time.time() - started,
+        command=" ".join(["python -m benchmarks.resume_throughput", *sys.argv[1:]]),
+        machine=machine(),
+        versions=versions(),
+        config=dict(
+            engine={k: v for k, v in dataclasses.asdict(config).items() if k != "extra"},
+            samples=args.samples,
+            prefix=args.prefix,
+            reps=args.reps,
+            big_point=args.big_point,
+            big_reps=args.big_reps,
+            group_size=args.group_size,
+            prompt_tokens=args.prompt_tokens,
+            seed=args.seed,
+            workload="prefix K ~ U[0.5L, 1.5L] per group (staggered dispatch), remainder ~ lognormal(mean 0.5L, sigma 1) clipped to [16, 2L] and the context; temperature 1, per-sample seeds, ignore_eos; pending groups = max(1, groups/8)",
+            restart="in-process: engine shut down after the uninterrupted remainder; each recovery mode starts a fresh ResumableEngine (new engine-core process, cold KV cache) and reads the snapshot from disk",
+        ),
         definitions=DEFINITIONS,
         points=points,
     )
-    loads = [r["loadavg_1m"]["before"] for p in points for r in p["reps"]] + [r["loadavg_1m"]["after"] for p in points for r in p["reps"]]
+    loads = [r["loadavg_1m"]["before"] for p in points for r in p["reps"]] + [
+        r["loadavg_1m"]["after"] for p in points for r in p["reps"]
+    ]
     if loads:
         result["notes"] = (
             f"1-minute load average around the repetitions: median {statistics.median(loads):.1f}, max {max(loads):.1f}"
@@ -346,12 +510,20 @@ def assemble(args: argparse.Namespace, config: Any, points: list[dict[str, Any]]
             " correspondingly slower and noisier; token counts, checks and snapshot sizes are unaffected."
         )
     result["table"] = table(points)
-    result["consistency"] = dict(passed=bool(points) and all(p["summary"]["consistent_all_reps"] for p in points),
-                                 failed=[dict(point=f"{p['num_in_flight']}x{p['mean_prefix']}", rep=r["rep"], check=k, **v)
-                                         for p in points for r in p["reps"] for k, v in r["checks"].items() if not v["ok"]])
+    result["consistency"] = dict(
+        passed=bool(points) and all(p["summary"]["consistent_all_reps"] for p in points),
+        failed=[
+            dict(point=f"{p['num_in_flight']}x{p['mean_prefix']}", rep=r["rep"], check=k, **v)
+            for p in points
+            for r in p["reps"]
+            for k, v in r["checks"].items()
+            if not v["ok"]
+        ],
+    )
     result["exact"] = dict(all_reps=bool(points) and all(p["summary"]["exact_all_reps"] for p in points))
     result["continue_redone_decode_tokens_max"] = max(
-        (r["modes"]["continue"]["redone_decode_tokens"] for p in points for r in p["reps"]), default=None)
+        (r["modes"]["continue"]["redone_decode_tokens"] for p in points for r in p["reps"]), default=None
+    )
     result["markdown"] = markdown(result)
     return result
 

@@ -50,8 +50,14 @@ class Group:
 
 
 def build_workload(
-    num_in_flight: int, mean_prefix: int, *, group_size: int, prompt_tokens: int, max_model_len: int,
-    vocab_size: int, seed: int,
+    num_in_flight: int,
+    mean_prefix: int,
+    *,
+    group_size: int,
+    prompt_tokens: int,
+    max_model_len: int,
+    vocab_size: int,
+    seed: int,
 ) -> list[Group]:
     """Dispatched groups (``num_in_flight`` samples) plus pending ones (1/8 as many groups, at least one)."""
     rng = np.random.default_rng([seed, num_in_flight, mean_prefix])
@@ -76,12 +82,18 @@ def build_workload(
         for i in range(size):
             r = int(np.clip(rng.lognormal(mu, sigma), MIN_REMAINDER, 2 * mean_prefix))
             total = min(k + r, budget)
-            specs.append(SamplingSpec(max_tokens=total, temperature=1.0, seed=int(rng.integers(2**31)), ignore_eos=True))
-        groups.append(Group(
-            group_id=f"{'pending' if pending else 'prompt'}-{g:04d}",
-            prompt=rng.integers(low, high, prompt_tokens).tolist(),
-            specs=specs, prefix_target=0 if pending else k, pending=pending,
-        ))
+            specs.append(
+                SamplingSpec(max_tokens=total, temperature=1.0, seed=int(rng.integers(2**31)), ignore_eos=True)
+            )
+        groups.append(
+            Group(
+                group_id=f"{'pending' if pending else 'prompt'}-{g:04d}",
+                prompt=rng.integers(low, high, prompt_tokens).tolist(),
+                specs=specs,
+                prefix_target=0 if pending else k,
+                pending=pending,
+            )
+        )
     return groups
 
 
@@ -108,15 +120,36 @@ def build_snapshot(
     for g in groups:
         if g.pending:
             samples = [SampleRecord(index=i, state=SampleState.NOT_STARTED, sampling=s) for i, s in enumerate(g.specs)]
-            records.append(GroupRecord(group_id=g.group_id, prompt_token_ids=g.prompt, state=GroupState.PENDING,
-                                       samples=samples, data={"bench": "resume_throughput"}))
+            records.append(
+                GroupRecord(
+                    group_id=g.group_id,
+                    prompt_token_ids=g.prompt,
+                    state=GroupState.PENDING,
+                    samples=samples,
+                    data={"bench": "resume_throughput"},
+                )
+            )
             continue
         samples = [cut[g.rid(i)] for i in range(len(g.specs))]
         state = GroupState.READY if all(s.state is SampleState.FINISHED for s in samples) else GroupState.IN_FLIGHT
-        records.append(GroupRecord(group_id=g.group_id, prompt_token_ids=g.prompt, state=state, dispatch_version=0,
-                                   samples=samples, data={"bench": "resume_throughput"}))
-    return Snapshot(trainer_step=1, policy_version=0, fingerprints=fingerprints, groups=records,
-                    counters=counters, metadata={"bench": "resume_throughput"})
+        records.append(
+            GroupRecord(
+                group_id=g.group_id,
+                prompt_token_ids=g.prompt,
+                state=state,
+                dispatch_version=0,
+                samples=samples,
+                data={"bench": "resume_throughput"},
+            )
+        )
+    return Snapshot(
+        trainer_step=1,
+        policy_version=0,
+        fingerprints=fingerprints,
+        groups=records,
+        counters=counters,
+        metadata={"bench": "resume_throughput"},
+    )
 
 
 class Recovered(NamedTuple):

@@ -17,8 +17,12 @@ from partial_rollout.errors import EXIT_BAD_INPUT, PartialRolloutError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config (e.g. integrations/reference_grpo/configs/demo.yaml)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="NeMo RL-style overrides: key=value for keys the YAML has, ++key=value to add one")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="NeMo RL-style overrides: key=value for keys the YAML has, ++key=value to add one",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -29,8 +33,15 @@ def train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     summary = asyncio.run(run_training(config, resume=args.resume, progress=not args.no_progress))
-    print(json.dumps({"step": summary["step"], "final_reward": summary["rewards"][-1] if summary["rewards"] else None,
-                      "counters": summary["counters"]}))
+    print(
+        json.dumps(
+            {
+                "step": summary["step"],
+                "final_reward": summary["rewards"][-1] if summary["rewards"] else None,
+                "counters": summary["counters"],
+            }
+        )
+    )
     return 0
 
 

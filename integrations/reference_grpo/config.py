@@ -43,7 +43,9 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         _positive(self, "grpo", "num_prompts_per_step", "num_generations_per_prompt", "max_num_steps", "max_num_epochs")
         if self.num_generations_per_prompt < 2:
-            raise ConfigError("must be >= 2: GRPO normalises rewards within a group", field="grpo.num_generations_per_prompt")
+            raise ConfigError(
+                "must be >= 2: GRPO normalises rewards within a group", field="grpo.num_generations_per_prompt"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,8 +92,12 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         if self.model_name is not None and not (Path(self.model_name) / "config.json").is_file():
-            raise ConfigError("no config.json in this folder", path=self.model_name, field="policy.model_name",
-                              fix="Point to a local Hugging Face-format model folder, or null for the tiny model")
+            raise ConfigError(
+                "no config.json in this folder",
+                path=self.model_name,
+                field="policy.model_name",
+                fix="Point to a local Hugging Face-format model folder, or null for the tiny model",
+            )
         if not self.max_grad_norm > 0:
             raise ConfigError(f"must be > 0, got {self.max_grad_norm}", field="policy.max_grad_norm")
 
@@ -147,8 +153,10 @@ class DataConfig:
         if self.min_tokens > self.max_tokens:
             raise ConfigError(f"min_tokens {self.min_tokens} > max_tokens {self.max_tokens}", field="data.min_tokens")
         if self.reward_tokens > self.min_tokens:
-            raise ConfigError(f"reward_tokens {self.reward_tokens} > min_tokens {self.min_tokens}: some completions would be too short to score",
-                              field="data.reward_tokens")
+            raise ConfigError(
+                f"reward_tokens {self.reward_tokens} > min_tokens {self.min_tokens}: some completions would be too short to score",
+                field="data.reward_tokens",
+            )
         if not self.length_tail_alpha > 0:
             raise ConfigError(f"must be > 0, got {self.length_tail_alpha}", field="data.length_tail_alpha")
 
@@ -177,7 +185,9 @@ class CheckpointingConfig:
 
     def __post_init__(self) -> None:
         if self.save_period <= 0:
-            raise ConfigError(f"must be a positive number of steps, got {self.save_period}", field="checkpointing.save_period")
+            raise ConfigError(
+                f"must be a positive number of steps, got {self.save_period}", field="checkpointing.save_period"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -206,8 +216,11 @@ class MasterConfig:
             )
         needed = self.data.max_tokens + 8
         if self.generation.max_model_len < needed:
-            raise ConfigError(f"{self.generation.max_model_len} cannot hold a prompt plus data.max_tokens={self.data.max_tokens}",
-                              field="generation.max_model_len", fix=f"Set it to at least {needed}")
+            raise ConfigError(
+                f"{self.generation.max_model_len} cannot hold a prompt plus data.max_tokens={self.data.max_tokens}",
+                field="generation.max_model_len",
+                fix=f"Set it to at least {needed}",
+            )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -242,8 +255,10 @@ def _apply_override(cfg: Any, item: str) -> None:
     key, raw = text.split("=", 1)
     value = yaml.safe_load(raw) if raw else None
     if not add and OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-        raise ConfigError(f"override {item!r}: the config has no key {key!r}",
-                          fix=f"Use ++{key}={raw} to add a key the YAML leaves at its default")
+        raise ConfigError(
+            f"override {item!r}: the config has no key {key!r}",
+            fix=f"Use ++{key}={raw} to add a key the YAML leaves at its default",
+        )
     OmegaConf.update(cfg, key, value, merge=False, force_add=True)
 
 

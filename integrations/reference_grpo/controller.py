@@ -38,13 +38,13 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
-from partial_rollout_integrations.reference_grpo import checkpoint, task
-from partial_rollout_integrations.reference_grpo.config import MasterConfig
-from partial_rollout_integrations.reference_grpo.policy import Policy
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger, request_id
-from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord, SampleState, SamplingSpec
+from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleState
+from partial_rollout_integrations.reference_grpo import checkpoint, task
+from partial_rollout_integrations.reference_grpo.config import MasterConfig
+from partial_rollout_integrations.reference_grpo.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,17 @@ logger = logging.getLogger(__name__)
 class GRPOLoop:
     """One process's run of the loop, from a fresh start or a checkpoint."""
 
-    def __init__(self, config: MasterConfig, *, engine: RolloutEngine, policy: Policy, ledger: WorkLedger,
-                 fingerprints: Fingerprints, step: int, progress: bool) -> None:
+    def __init__(
+        self,
+        config: MasterConfig,
+        *,
+        engine: RolloutEngine,
+        policy: Policy,
+        ledger: WorkLedger,
+        fingerprints: Fingerprints,
+        step: int,
+        progress: bool,
+    ) -> None:
         self.config = config
         self.engine = engine
         self.policy = policy
@@ -66,8 +75,12 @@ class GRPOLoop:
         self.weights_dir = Path(config.logger.log_dir) / "weights"
         self.dataset = task.BucketTask(config.data, seed=config.grpo.seed)
         self.loader = StatefulDataLoader(
-            self.dataset, batch_size=config.grpo.num_prompts_per_step, shuffle=config.data.shuffle,
-            generator=torch.Generator().manual_seed(config.grpo.seed), collate_fn=task.collate, drop_last=True,
+            self.dataset,
+            batch_size=config.grpo.num_prompts_per_step,
+            shuffle=config.data.shuffle,
+            generator=torch.Generator().manual_seed(config.grpo.seed),
+            collate_fn=task.collate,
+            drop_last=True,
         )
         self.buffer_permits = asyncio.Semaphore(config.async_rl.max_buffered_rollouts)
         self.inflight_permits = asyncio.Semaphore(config.async_rl.max_inflight_prompts)
@@ -88,10 +101,14 @@ class GRPOLoop:
 
     async def restore(self, folder: Path) -> None:
         """Load the ledger's cut and re-take every permit the restored work holds (none blocks: nothing else holds one yet)."""
-        snapshot = self.ledger.load(folder, expect=self.fingerprints,
-                                    allow_vllm_change=self.config.checkpointing.partial_rollouts.allow_vllm_change)
-        self.ledger.record_resume(step=self.step, checkpoint=str(folder),
-                                  partial_rollouts=self.config.checkpointing.partial_rollouts.enabled)
+        snapshot = self.ledger.load(
+            folder,
+            expect=self.fingerprints,
+            allow_vllm_change=self.config.checkpointing.partial_rollouts.allow_vllm_change,
+        )
+        self.ledger.record_resume(
+            step=self.step, checkpoint=str(folder), partial_rollouts=self.config.checkpointing.partial_rollouts.enabled
+        )
         if snapshot.loader_state is not None:
             self.loader.load_state_dict(snapshot.loader_state)
         self.epoch = int(snapshot.metadata.get("epoch", 0))
@@ -100,14 +117,18 @@ class GRPOLoop:
         if len(held) > self.config.async_rl.max_buffered_rollouts:
             raise ConfigError(
                 f"the checkpoint holds {len(held)} dispatched groups, more than max_buffered_rollouts "
-                f"{self.config.async_rl.max_buffered_rollouts}", field="async_rl.max_buffered_rollouts",
-                fix="Resume with at least the capacity the run was saved with")
+                f"{self.config.async_rl.max_buffered_rollouts}",
+                field="async_rl.max_buffered_rollouts",
+                fix="Resume with at least the capacity the run was saved with",
+            )
         in_flight = [g for g in held if g.state is GroupState.IN_FLIGHT and not self.ledger.settle(g.group_id)]
         if len(in_flight) > self.config.async_rl.max_inflight_prompts:
             raise ConfigError(
                 f"the checkpoint holds {len(in_flight)} groups in flight, more than max_inflight_prompts "
-                f"{self.config.async_rl.max_inflight_prompts}", field="async_rl.max_inflight_prompts",
-                fix="Resume with at least the in-flight limit the run was saved with")
+                f"{self.config.async_rl.max_inflight_prompts}",
+                field="async_rl.max_inflight_prompts",
+                fix="Resume with at least the in-flight limit the run was saved with",
+            )
         for _ in held:
             await self.buffer_permits.acquire()
         for group in in_flight:
@@ -141,8 +162,12 @@ class GRPOLoop:
         finally:
             self._bar.close()
         self.ledger.record_end(step=self.step)
-        return {"step": self.step, "rewards": self.rewards, "counters": dict(self.ledger.counters),
-                "evicted_by_reason": dict(self.ledger.evicted_by_reason)}
+        return {
+            "step": self.step,
+            "rewards": self.rewards,
+            "counters": dict(self.ledger.counters),
+            "evicted_by_reason": dict(self.ledger.evicted_by_reason),
+        }
 
     def _spawn(self, coro: Any) -> None:
         assert self._group is not None
@@ -168,9 +193,14 @@ class GRPOLoop:
     def _yield(self, item: dict[str, Any]) -> str:
         group_id = f"e{self.epoch}:{item['index']}"
         cfg = self.config
-        specs = task.sampling_specs(item, group_id, n=cfg.grpo.num_generations_per_prompt,
-                                    temperature=cfg.generation.temperature, seed=cfg.grpo.seed,
-                                    min_tokens=cfg.data.min_tokens)
+        specs = task.sampling_specs(
+            item,
+            group_id,
+            n=cfg.grpo.num_generations_per_prompt,
+            temperature=cfg.generation.temperature,
+            seed=cfg.grpo.seed,
+            min_tokens=cfg.data.min_tokens,
+        )
         self.ledger.yield_group(group_id, item["prompt_token_ids"], specs, data=item)
         return group_id
 
@@ -194,12 +224,17 @@ class GRPOLoop:
             return
         resume_from = saved if saved.state is SampleState.IN_FLIGHT else None
         prompt = group.prompt_token_ids.tolist()
-        record = await self.engine.generate(request_id(group.group_id, index), prompt, saved.sampling, index=index,
-                                            resume_from=resume_from)
+        record = await self.engine.generate(
+            request_id(group.group_id, index), prompt, saved.sampling, index=index, resume_from=resume_from
+        )
         prefix = resume_from.num_tokens if resume_from is not None else 0
         self.generated_tokens += record.num_tokens - prefix
-        score = task.reward(group.data, record.token_ids, num_buckets=self.config.data.num_buckets,
-                            reward_tokens=self.config.data.reward_tokens)
+        score = task.reward(
+            group.data,
+            record.token_ids,
+            num_buckets=self.config.data.num_buckets,
+            reward_tokens=self.config.data.reward_tokens,
+        )
         self.ledger.finish(group.group_id, dataclasses.replace(record, reward=score), prefix_tokens=prefix)
 
     # ---------------------------------------------------------------- train pump
@@ -229,10 +264,13 @@ class GRPOLoop:
             reward = sum(rewards) / len(rewards)
             self.rewards.append(reward)
             self.ledger.log(
-                TRAIN_STEP, step=self.step, reward=round(reward, 4),
+                TRAIN_STEP,
+                step=self.step,
+                reward=round(reward, 4),
                 oldest_version=min(int(s.versions.min()) for g in groups for s in g.samples),
                 tokens_per_s=round((self.generated_tokens - last_tokens) / max(now - last_time, 1e-6), 1),
-                elapsed_s=round(now - self.started, 3), **{k: round(v, 5) for k, v in metrics.items()},
+                elapsed_s=round(now - self.started, 3),
+                **{k: round(v, 5) for k, v in metrics.items()},
             )
             last_time, last_tokens = now, self.generated_tokens
             self._bar.update(1)
@@ -266,10 +304,16 @@ class GRPOLoop:
     async def _save(self) -> None:
         folder = checkpoint.begin(self.checkpoint_dir, self.step)
         await asyncio.to_thread(self.policy.save, folder / checkpoint.POLICY_DIR)
-        checkpoint.write_training_info(folder, {
-            "current_step": self.step, "policy_version": self.version, "current_epoch": self.epoch,
-            "consumed_samples": self.ledger.counters["consumed"], "sampler_name": self.config.async_rl.sampler.name,
-        })
+        checkpoint.write_training_info(
+            folder,
+            {
+                "current_step": self.step,
+                "policy_version": self.version,
+                "current_epoch": self.epoch,
+                "consumed_samples": self.ledger.counters["consumed"],
+                "sampler_name": self.config.async_rl.sampler.name,
+            },
+        )
         if not self.config.checkpointing.partial_rollouts.enabled:
             # NeMo RL: the live cursor and the ready groups; pending and in-flight prompts are not saved.
             self._cut(folder, states={GroupState.READY})
@@ -284,14 +328,21 @@ class GRPOLoop:
 
     def _cut(self, folder: Path, *, states: set[GroupState], **event_fields: Any) -> None:
         self.ledger.save(
-            folder, trainer_step=self.step, policy_version=self.version, fingerprints=self.fingerprints,
-            loader_state=self.loader.state_dict(), states=states, metadata={"epoch": self.epoch}, **event_fields,
+            folder,
+            trainer_step=self.step,
+            policy_version=self.version,
+            fingerprints=self.fingerprints,
+            loader_state=self.loader.state_dict(),
+            states=states,
+            metadata={"epoch": self.epoch},
+            **event_fields,
         )
         checkpoint.commit(folder)
 
 
-async def run_training(config: MasterConfig, *, resume: bool = False, engine: RolloutEngine | None = None,
-                       progress: bool = True) -> dict[str, Any]:
+async def run_training(
+    config: MasterConfig, *, resume: bool = False, engine: RolloutEngine | None = None, progress: bool = True
+) -> dict[str, Any]:
     """Train with ``config``; ``resume`` continues from the latest complete checkpoint (if any).
 
     Args:
@@ -311,14 +362,22 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     if engine is not None and not isinstance(engine, RolloutEngine):
         missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]
         raise ConfigError(
-            f"{type(engine).__name__} is not a RolloutEngine: it lacks {', '.join(missing)}", field="engine",
-            fix="Implement partial_rollout.engine.RolloutEngine, or wrap the engine in ResumableEngine")
+            f"{type(engine).__name__} is not a RolloutEngine: it lacks {', '.join(missing)}",
+            field="engine",
+            fix="Implement partial_rollout.engine.RolloutEngine, or wrap the engine in ResumableEngine",
+        )
     checkpoint_dir = Path(config.checkpointing.checkpoint_dir)
     restore_from = checkpoint.latest(checkpoint_dir)
     if restore_from is not None and not resume:
-        raise ConfigError("already holds checkpoints of another run", path=checkpoint_dir,
-                          field="checkpointing.checkpoint_dir", fix="Pass --resume to continue it, or choose a new folder")
-    model_dir = Path(config.policy.model_name) if config.policy.model_name else build_tiny_model(TinyModelSpec(arch="llama"))
+        raise ConfigError(
+            "already holds checkpoints of another run",
+            path=checkpoint_dir,
+            field="checkpointing.checkpoint_dir",
+            fix="Pass --resume to continue it, or choose a new folder",
+        )
+    model_dir = (
+        Path(config.policy.model_name) if config.policy.model_name else build_tiny_model(TinyModelSpec(arch="llama"))
+    )
     log_dir = Path(config.logger.log_dir)
     ledger = WorkLedger(EventLog(log_dir / EVENTS_FILENAME, fresh=not resume))
     policy = Policy(model_dir, config)
@@ -331,8 +390,13 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
     if engine is None:
         gen = config.generation
         engine_config = EngineConfig(
-            model=str(model_dir), max_model_len=gen.max_model_len, max_num_seqs=gen.max_num_seqs,
-            kv_cache_memory_bytes=gen.kv_cache_memory_bytes, multiprocessing=gen.multiprocessing, seed=config.grpo.seed)
+            model=str(model_dir),
+            max_model_len=gen.max_model_len,
+            max_num_seqs=gen.max_num_seqs,
+            kv_cache_memory_bytes=gen.kv_cache_memory_bytes,
+            multiprocessing=gen.multiprocessing,
+            seed=config.grpo.seed,
+        )
         if gen.num_engines == 1:
             engine = await EnginePool.local(engine_config, policy_version=step)
         else:
@@ -342,8 +406,9 @@ async def run_training(config: MasterConfig, *, resume: bool = False, engine: Ro
             engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
     try:
         fingerprints = await engine.fingerprints()
-        loop = GRPOLoop(config, engine=engine, policy=policy, ledger=ledger, fingerprints=fingerprints,
-                        step=step, progress=progress)
+        loop = GRPOLoop(
+            config, engine=engine, policy=policy, ledger=ledger, fingerprints=fingerprints, step=step, progress=progress
+        )
         if restore_from is not None:
             await loop.sync_weights()
             await loop.restore(restore_from)
@@ -368,4 +433,7 @@ def _check_same_model(folder: Path, model_dir: Path) -> None:
     if saved.model != model_fingerprint(model_dir):
         raise ConfigError(
             f"the checkpoint was trained from {saved.model_path or saved.model!r}, this run has {str(model_dir)!r}",
-            path=folder, field="policy.model_name", fix="Resume with the model the checkpoint was saved with")
+            path=folder,
+            field="policy.model_name",
+            fix="Resume with the model the checkpoint was saved with",
+        )

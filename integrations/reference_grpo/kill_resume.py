@@ -61,12 +61,26 @@ class KillResumeRun:
 
 
 def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *, resume: bool) -> list[str]:
-    return [sys.executable, "-m", "partial_rollout_integrations.reference_grpo", str(config), *overrides, "--no-progress",
-            *(["--resume"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "partial_rollout_integrations.reference_grpo",
+        str(config),
+        *overrides,
+        "--no-progress",
+        *(["--resume"] if resume else []),
+    ]
 
 
-def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | None,
-              on_step: Callable[[int], None] | None = None, timeout_s: float | None = None) -> Attempt:
+def run_child(
+    command: list[str],
+    *,
+    events: Path,
+    log: Path,
+    plan: KillPlan | None,
+    on_step: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
+) -> Attempt:
     """Run one trainer process to its end, or kill it as ``plan`` says; ``on_step`` sees each trained step.
 
     Raises:
@@ -94,21 +108,37 @@ def run_child(command: list[str], *, events: Path, log: Path, plan: KillPlan | N
                     after_save += 1
                 if on_step and event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP:
                     on_step(event["step"])
-                if plan and after_save is None and event["event"] == EventKind.SAVE and event["step"] == plan.after_save_step:
+                if (
+                    plan
+                    and after_save is None
+                    and event["event"] == EventKind.SAVE
+                    and event["step"] == plan.after_save_step
+                ):
                     after_save = 0
             if plan and after_save is not None and after_save >= plan.after_events:
                 child.send_signal(signal.SIGKILL)
                 child.wait()
                 killed = True
                 break
-    return Attempt(resume="--resume" in command, returncode=child.returncode, killed=killed,
-                   wall_s=time.perf_counter() - started,
-                   kill_after_save_step=plan.after_save_step if plan else None,
-                   kill_after_events=plan.after_events if plan else None)
+    return Attempt(
+        resume="--resume" in command,
+        returncode=child.returncode,
+        killed=killed,
+        wall_s=time.perf_counter() - started,
+        kill_after_save_step=plan.after_save_step if plan else None,
+        kill_after_events=plan.after_events if plan else None,
+    )
 
 
-def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *, log_dir: Path, plan: KillPlan | None,
-                    on_step: Callable[[int], None] | None = None, timeout_s: float | None = None) -> KillResumeRun:
+def kill_and_resume(
+    config: str | os.PathLike[str],
+    overrides: Sequence[str],
+    *,
+    log_dir: Path,
+    plan: KillPlan | None,
+    on_step: Callable[[int], None] | None = None,
+    timeout_s: float | None = None,
+) -> KillResumeRun:
     """Train from scratch, kill per ``plan`` (None: no kill), and resume until a process ends on its own.
 
     Raises:
@@ -121,8 +151,14 @@ def kill_and_resume(config: str | os.PathLike[str], overrides: Sequence[str], *,
     run = KillResumeRun()
     resume = False
     while True:
-        attempt = run_child(trainer_command(config, overrides, resume=resume), events=events, log=log,
-                            plan=None if resume else plan, on_step=on_step, timeout_s=timeout_s)
+        attempt = run_child(
+            trainer_command(config, overrides, resume=resume),
+            events=events,
+            log=log,
+            plan=None if resume else plan,
+            on_step=on_step,
+            timeout_s=timeout_s,
+        )
         run.attempts.append(attempt)
         if not attempt.killed:
             if attempt.returncode != 0:

@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from partial_rollout_integrations.reference_grpo.config import MasterConfig
-from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import GroupRecord
+from partial_rollout_integrations.reference_grpo.config import MasterConfig
+from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -107,7 +107,10 @@ class Policy:
             steps[name] = float(state["step"])
         with atomic_write(folder / OPTIMIZER_FILE) as tmp:
             save_file(tensors, str(tmp))
-        meta = {"steps": steps, "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]}
+        meta = {
+            "steps": steps,
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
+        }
         _write_json(folder / OPTIMIZER_META_FILE, meta)
 
     def load(self, folder: Path) -> None:
@@ -117,8 +120,11 @@ class Policy:
         meta = json.loads((folder / OPTIMIZER_META_FILE).read_text())
         index = {n: i for i, (n, _) in enumerate(self.model.named_parameters())}
         state = {
-            index[name]: {"step": torch.tensor(step), "exp_avg": tensors[f"{name}.exp_avg"],
-                          "exp_avg_sq": tensors[f"{name}.exp_avg_sq"]}
+            index[name]: {
+                "step": torch.tensor(step),
+                "exp_avg": tensors[f"{name}.exp_avg"],
+                "exp_avg_sq": tensors[f"{name}.exp_avg_sq"],
+            }
             for name, step in meta["steps"].items()
         }
         groups = [{**g, "params": list(range(len(index)))} for g in meta["param_groups"]]

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from partial_rollout_integrations.reference_grpo.config import DataConfig
 from partial_rollout.snapshot import SamplingSpec
+from partial_rollout_integrations.reference_grpo.config import DataConfig
 
 MARKER = 400
 """Token id offset of the class markers in the prompt (ordinary tokens of the tiny vocabulary)."""
@@ -72,6 +72,12 @@ def sampling_specs(
     for i in range(n):
         digest = hashlib.sha256(f"{seed}/{group_id}/{i}".encode()).digest()
         share = 0.5 + 0.5 * digest[4] / 255
-        specs.append(SamplingSpec(max_tokens=max(min_tokens, round(item["max_tokens"] * share)), temperature=temperature,
-                                  ignore_eos=True, seed=int.from_bytes(digest[:4], "little") & 0x7FFFFFFF))
+        specs.append(
+            SamplingSpec(
+                max_tokens=max(min_tokens, round(item["max_tokens"] * share)),
+                temperature=temperature,
+                ignore_eos=True,
+                seed=int.from_bytes(digest[:4], "little") & 0x7FFFFFFF,
+            )
+        )
     return specs

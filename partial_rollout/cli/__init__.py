@@ -40,9 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="partial-rollout",
         description="Persist and resume in-flight RL rollouts across checkpoints.",
     )
-    parser.add_argument(
-        "--debug", action="store_true", help="show full tracebacks instead of one-line errors"
-    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks instead of one-line errors")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -62,11 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # noqa: BLE001 - last-resort handler of a CLI
+    except Exception as exc:
         if args.debug:
             traceback.print_exc()
         else:
             print(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILURE
-
-

@@ -48,10 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_workload_args(p)
     p.add_argument("--keep", default=None, help="keep the work folder (snapshot, results) here")
-    p.add_argument("--logprob-atol", type=float, default=BATCH_LOGPROB_TOLERANCE,
-                   help="largest |logprob difference| still counted as a match (default %(default)s). vLLM kernels are "
-                        "not batch-invariant: a request's logprobs move in the last bits with the batch it shares "
-                        "a step with, in uninterrupted runs too. 0 demands bit-identity")
+    p.add_argument(
+        "--logprob-atol",
+        type=float,
+        default=BATCH_LOGPROB_TOLERANCE,
+        help="largest |logprob difference| still counted as a match (default %(default)s). vLLM kernels are "
+        "not batch-invariant: a request's logprobs move in the last bits with the batch it shares "
+        "a step with, in uninterrupted runs too. 0 demands bit-identity",
+    )
     p.set_defaults(func=run)
 
 
@@ -91,8 +95,9 @@ async def _role(args: argparse.Namespace) -> None:
     from partial_rollout.snapshot import GroupRecord, GroupState, Snapshot, load_snapshot, save_snapshot
 
     out = Path(args.workdir)
-    config = EngineConfig(model=args.model, max_model_len=args.max_model_len,
-                          kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+    config = EngineConfig(
+        model=args.model, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory_bytes
+    )
     # This command is the check an untested vLLM must pass, so it uses the internals wherever they exist.
     engine = await ResumableEngine.start(config, trust_untested=True)
     fingerprints = await engine.fingerprints()
@@ -115,38 +120,70 @@ async def _role(args: argparse.Namespace) -> None:
         # everything of the workload: in flight or queued at the cut, or finished before it
         samples = {rid: t.result() for rid, t in tasks.items() if t.done()} | cut.samples
         groups = [
-            GroupRecord(group_id=rid, prompt_token_ids=work[rid][0], state=GroupState.IN_FLIGHT, dispatch_version=0,
-                        samples=[samples[rid]])
+            GroupRecord(
+                group_id=rid,
+                prompt_token_ids=work[rid][0],
+                state=GroupState.IN_FLIGHT,
+                dispatch_version=0,
+                samples=[samples[rid]],
+            )
             for rid in work
         ]
-        snapshot = Snapshot(trainer_step=0, policy_version=engine.policy_version,
-                            fingerprints=fingerprints, groups=groups,
-                            metadata={"pause_s": cut.pause_s, "engine_tokens": cut.engine_tokens})
+        snapshot = Snapshot(
+            trainer_step=0,
+            policy_version=engine.policy_version,
+            fingerprints=fingerprints,
+            groups=groups,
+            metadata={"pause_s": cut.pause_s, "engine_tokens": cut.engine_tokens},
+        )
         save_snapshot(snapshot, out)
         print("SAVED", flush=True)
         await asyncio.sleep(3600)  # the parent kills this process (and its engine) now
     else:
         snapshot = load_snapshot(out, expect=fingerprints)
         saved = {g.group_id: (g, g.samples[0]) for g in snapshot.groups}
-        records = await asyncio.gather(*[
-            engine.generate(rid, g.prompt_token_ids.tolist(), rec.sampling, index=0, resume_from=rec)
-            for rid, (g, rec) in saved.items()
-        ])
+        records = await asyncio.gather(
+            *[
+                engine.generate(rid, g.prompt_token_ids.tolist(), rec.sampling, index=0, resume_from=rec)
+                for rid, (g, rec) in saved.items()
+            ]
+        )
         results = {rid: rec for rid, rec in zip(saved, records)}
         results["__cut__"] = {rid: [rec.state.value, rec.num_tokens, rec.inexact] for rid, (_, rec) in saved.items()}
         results["__pause_s__"] = snapshot.metadata["pause_s"]
-    (out / f"{args.role}-{_RESULT}").write_text(json.dumps({
-        k: v if k.startswith("__") else {"tokens": v.token_ids.tolist(), "logprobs": v.logprobs.tolist(),
-                                         "inexact": v.inexact}
-        for k, v in results.items()
-    }))
+    (out / f"{args.role}-{_RESULT}").write_text(
+        json.dumps(
+            {
+                k: v
+                if k.startswith("__")
+                else {"tokens": v.token_ids.tolist(), "logprobs": v.logprobs.tolist(), "inexact": v.inexact}
+                for k, v in results.items()
+            }
+        )
+    )
     await engine.shutdown()
 
 
 def _child(args: argparse.Namespace, role: str, workdir: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "partial_rollout.cli.check_resume", "--role", role, "--workdir", str(workdir),
-           "--model", args.model, "--requests", str(args.requests), "--seed", str(args.seed),
-           "--max-tokens", str(args.max_tokens), "--max-model-len", str(args.max_model_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "partial_rollout.cli.check_resume",
+        "--role",
+        role,
+        "--workdir",
+        str(workdir),
+        "--model",
+        args.model,
+        "--requests",
+        str(args.requests),
+        "--seed",
+        str(args.seed),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-model-len",
+        str(args.max_model_len),
+    ]
     if args.kv_cache_memory_bytes:
         cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
     return cmd
@@ -213,11 +250,15 @@ def run(args: argparse.Namespace) -> int:
             diverged.append((rid, cut[rid][1], int(np.flatnonzero(diff > args.logprob_atol)[0]), "logprob"))
     in_flight = sum(1 for state, k, _ in cut.values() if state == "in_flight")
     prefix = sum(k for _, k, _ in cut.values())
-    print(f"cut: {in_flight} of {len(cut)} samples in flight, {prefix} prefix tokens; engine paused "
-          f"{pause_s * 1000:.1f} ms; total {time.perf_counter() - started:.0f} s")
-    print(f"exact: {bitwise + within}/{len(ref) - declared} matched token for token ({bitwise} also bit-identical "
-          f"in every logprob, {within} within {args.logprob_atol} - the engine's batch-composition numerics; "
-          f"max |logprob diff| {worst:.3g}); {declared} declared inexact; {len(diverged)} diverged")
+    print(
+        f"cut: {in_flight} of {len(cut)} samples in flight, {prefix} prefix tokens; engine paused "
+        f"{pause_s * 1000:.1f} ms; total {time.perf_counter() - started:.0f} s"
+    )
+    print(
+        f"exact: {bitwise + within}/{len(ref) - declared} matched token for token ({bitwise} also bit-identical "
+        f"in every logprob, {within} within {args.logprob_atol} - the engine's batch-composition numerics; "
+        f"max |logprob diff| {worst:.3g}); {declared} declared inexact; {len(diverged)} diverged"
+    )
     for rid, k, pos, kind in diverged[:5]:
         print(f"  {rid}: cut at {k} tokens, first {kind} divergence at position {pos}")
     print(f"work folder: {workdir}")

@@ -46,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
-    from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, kill_and_resume
     from partial_rollout.ledger import EVENTS_FILENAME, audit
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
+    from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, kill_and_resume
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -60,23 +60,30 @@ def run(args: argparse.Namespace) -> int:
     steps = config.grpo.max_num_steps
     plan = KillPlan.draw(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
     print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.after_save_step}, then resume")
-    bars = {name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
-            for i, (name, _) in enumerate(RUNS)}
+    bars = {
+        name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
+        for i, (name, _) in enumerate(RUNS)
+    }
 
     def train_killed_resumed(name: str, enabled: bool) -> dict[str, Any]:
         run_dir = out / f"partial_rollouts_{name}"
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        overrides = [*base, f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}", f"logger.log_dir={run_dir}",
-                     f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}"]
+        overrides = [
+            *base,
+            f"checkpointing.checkpoint_dir={run_dir / 'checkpoints'}",
+            f"logger.log_dir={run_dir}",
+            f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}",
+        ]
         bar = bars[name]
 
         def on_step(step: int) -> None:
             bar.n = step  # a resume starts again from its checkpoint's step
             bar.refresh()
 
-        attempts = kill_and_resume(config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step,
-                                   timeout_s=CHILD_TIMEOUT_S)
+        attempts = kill_and_resume(
+            config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step, timeout_s=CHILD_TIMEOUT_S
+        )
         report = audit(run_dir / EVENTS_FILENAME).to_json()
         report["wall_s"] = round(attempts.wall_s, 1)
         report["processes"] = [dataclasses.asdict(a) for a in attempts.attempts]
@@ -102,12 +109,13 @@ def _rewards(report: dict[str, Any]) -> list[float]:
 
 def _curve(report: dict[str, Any], every: int = 4) -> str:
     rewards = _rewards(report)
-    chunks = [rewards[i:i + every] for i in range(0, len(rewards), every)]
+    chunks = [rewards[i : i + every] for i in range(0, len(rewards), every)]
     return " ".join(f"{sum(c) / len(c):.2f}" for c in chunks)
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     """The side-by-side audit of the runs (columns in ``results`` order)."""
+
     def resumed(report: dict[str, Any], key: str) -> Any:
         return report["resumes"][0][key] if report["resumes"] else "-"
 
@@ -171,8 +179,14 @@ def _plot(report: dict[str, Any], path: Path, *, title: str) -> None:
     for r in report["resumes"]:
         for ax in (top, bottom):
             ax.axvline(r["step"], color="tab:red", linestyle="--", linewidth=1)
-    top.text(0.01, 0.95, "dashed: resumed from this step's checkpoint after SIGKILL", transform=top.transAxes,
-             fontsize=8, va="top")
+    top.text(
+        0.01,
+        0.95,
+        "dashed: resumed from this step's checkpoint after SIGKILL",
+        transform=top.transAxes,
+        fontsize=8,
+        va="top",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -30,10 +30,16 @@ from partial_rollout.snapshot.summary import summarize
 _CONTROL_CHARACTERS = [
     *range(0x20),  # C0 controls, ESC among them
     *range(0x7F, 0xA0),  # DEL and the C1 controls (0x9b is a one-byte CSI to some terminals)
-    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A),  # bidirectional controls
+    0x061C,
+    0x200E,
+    0x200F,
+    *range(0x202A, 0x202F),
+    *range(0x2066, 0x206A),  # bidirectional controls
 ]
 _ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CONTROL_CHARACTERS} | {
-    ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+    ord("\n"): "\\n",
+    ord("\r"): "\\r",
+    ord("\t"): "\\t",
 }
 """str.translate table: each control character to its Python-style escape."""
 _TEXT_ESCAPES = {c: e for c, e in _ESCAPES.items() if c not in (ord("\n"), ord("\t"))}
@@ -176,7 +182,7 @@ def _load_tokenizer(reader: SnapshotReader, given: str | None) -> Any:
 
     try:
         return Tokenizer.from_file(str(file))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception for a bad file
+    except Exception as exc:
         raise BadInputError(f"tokenizers cannot load it: {exc}", path=file, field="tokenizer") from None
 
 

@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default=None, help="model folder (default: build the tiny model)")
-    p.add_argument("--arch", choices=("llama", "qwen2"), default="llama", help="tiny model family when --model is not given")
+    p.add_argument(
+        "--arch", choices=("llama", "qwen2"), default="llama", help="tiny model family when --model is not given"
+    )
     p.add_argument("--prompts", type=int, default=16, help="number of prompts (default 16)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per completion (default 256)")
     p.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed+i")

@@ -45,7 +45,11 @@ def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: 
 
 
 def finished_without_engine(
-    base: SampleRecord, sampling: SamplingSpec, *, eos_token_id: int | None, decode: Callable[[Sequence[int]], str],
+    base: SampleRecord,
+    sampling: SamplingSpec,
+    *,
+    eos_token_id: int | None,
+    decode: Callable[[Sequence[int]], str],
 ) -> SampleRecord | None:
     """``base`` as a finished record when its prefix already ends the generation, else ``None``."""
     if base.sampling != sampling:
@@ -57,6 +61,12 @@ def finished_without_engine(
         return None
     keep, reason, stop = done
     return dataclasses.replace(
-        base, state=SampleState.FINISHED, token_ids=base.token_ids[:keep], logprobs=base.logprobs[:keep],
-        versions=base.versions[:keep], finish_reason=reason, stop_reason=stop, sampler_state=None,
+        base,
+        state=SampleState.FINISHED,
+        token_ids=base.token_ids[:keep],
+        logprobs=base.logprobs[:keep],
+        versions=base.versions[:keep],
+        finish_reason=reason,
+        stop_reason=stop,
+        sampler_state=None,
     )

@@ -33,10 +33,12 @@ async def drain(live: Mapping[str, LiveRequest], worker: WorkerView) -> None:
     deadline = time.perf_counter() + DRAIN_TIMEOUT_S
     while True:
         behind = [
-            rid for rid, req in live.items()
+            rid
+            for rid, req in live.items()
             if req.finished is None
-            and (len(req.token_ids) < worker.get(rid, (0, None))[0]
-                 or (rid not in worker and req.token_ids))  # finished in the engine, final output in transit
+            and (
+                len(req.token_ids) < worker.get(rid, (0, None))[0] or (rid not in worker and req.token_ids)
+            )  # finished in the engine, final output in transit
         ]
         if not behind:
             return
@@ -46,14 +48,19 @@ async def drain(live: Mapping[str, LiveRequest], worker: WorkerView) -> None:
 
 
 def in_flight_record(
-    req: LiveRequest, count: int, sampler_state: bytes | None, capabilities: Capabilities, *,
+    req: LiveRequest,
+    count: int,
+    sampler_state: bytes | None,
+    capabilities: Capabilities,
+    *,
     decode: Callable[[Sequence[int]], str],
 ) -> SampleRecord:
     """The record of a request cut after ``count`` tokens of its own, with why it cannot continue exactly, if so."""
     consumed = count + (0 if req.base is None else req.base.num_tokens)
     if consumed == 0:
-        reason = exactness.inexact_reason(req.sampling, num_tokens=0, sampler_state=None,
-                                          capture_unsupported=capabilities.reason)
+        reason = exactness.inexact_reason(
+            req.sampling, num_tokens=0, sampler_state=None, capture_unsupported=capabilities.reason
+        )
         return SampleRecord(index=req.index, state=SampleState.NOT_STARTED, sampling=req.sampling, inexact=reason)
     if count == 0 and req.base is not None:
         sampler_state = req.base.sampler_state  # resumed but not yet scheduled: nothing drawn since
@@ -61,7 +68,9 @@ def in_flight_record(
         sampler_state = None
     record = req.record(SampleState.IN_FLIGHT, count, sampler_state=sampler_state)
     reason = record.inexact or exactness.inexact_reason(
-        req.sampling, num_tokens=consumed, sampler_state=sampler_state,
+        req.sampling,
+        num_tokens=consumed,
+        sampler_state=sampler_state,
         capture_unsupported=capabilities.reason,
         prefix_text=decode(record.token_ids.tolist()) if req.sampling.stop else None,
     )

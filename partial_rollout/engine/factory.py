@@ -79,19 +79,24 @@ class EngineConfig:
         model = Path(self.model)
         if not model.is_dir():
             raise ConfigError(
-                "model folder does not exist", path=self.model, field="model",
+                "model folder does not exist",
+                path=self.model,
+                field="model",
                 fix="Pass a local folder holding config.json and weights (build one with `python -m partial_rollout.models.tiny`)",
             )
         if not (model / "config.json").is_file():
             raise ConfigError(
-                "no config.json in the model folder", path=self.model, field="model",
+                "no config.json in the model folder",
+                path=self.model,
+                field="model",
                 fix="Point to a Hugging Face-format model folder",
             )
         tok = Path(self.tokenizer) if self.tokenizer else model
         if not tok.is_dir() or not any((tok / name).is_file() for name in _TOKENIZER_FILES):
             raise ConfigError(
                 f"no tokenizer found (looked for {', '.join(_TOKENIZER_FILES)})",
-                path=str(tok), field="tokenizer",
+                path=str(tok),
+                field="tokenizer",
                 fix="Save the tokenizer next to the model or pass tokenizer=DIR",
             )
         if self.kv_cache_memory_bytes is not None and (
@@ -101,7 +106,8 @@ class EngineConfig:
         ):
             raise ConfigError(
                 f"must be a positive integer number of bytes, got {self.kv_cache_memory_bytes!r}",
-                field="kv_cache_memory_bytes", fix="Write e.g. 268435456 for 256 MiB, not '256M'",
+                field="kv_cache_memory_bytes",
+                fix="Write e.g. 268435456 for 256 MiB, not '256M'",
             )
         for name in ("max_model_len", "max_num_seqs", "tensor_parallel_size"):
             value = getattr(self, name)
@@ -114,12 +120,12 @@ class EngineConfig:
                 f"must be a positive integer, got {self.max_num_batched_tokens!r}", field="max_num_batched_tokens"
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                f"must be in (0, 1], got {self.gpu_memory_utilization!r}", field="gpu_memory_utilization"
-            )
+            raise ConfigError(f"must be in (0, 1], got {self.gpu_memory_utilization!r}", field="gpu_memory_utilization")
         unknown = set(self.extra) & {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ConfigError(f"sets {sorted(unknown)} which are fields of EngineConfig; set them directly", field="extra")
+            raise ConfigError(
+                f"sets {sorted(unknown)} which are fields of EngineConfig; set them directly", field="extra"
+            )
 
 
 def is_cpu_platform() -> bool:
@@ -182,7 +188,8 @@ def _apply_multiprocessing(config: EngineConfig) -> None:
     if envs._is_envs_cache_enabled():
         raise ConfigError(
             f"multiprocessing={config.multiprocessing} differs from an engine already started in this process",
-            field="multiprocessing", fix="Use one setting for all engines of a process",
+            field="multiprocessing",
+            fix="Use one setting for all engines of a process",
         )
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = wanted
 

@@ -44,7 +44,7 @@ class LiveRequest:
         out = np.empty(n, dtype=np.int32)
         ends = [start for _, start in self.version_starts[1:]] + [n]
         for (version, start), end in zip(self.version_starts, ends, strict=True):
-            out[min(start, n):min(end, n)] = version
+            out[min(start, n) : min(end, n)] = version
         return out
 
     def record(self, state: SampleState, n: int, **fields: object) -> SampleRecord:
@@ -62,5 +62,13 @@ class LiveRequest:
             tokens = np.concatenate([self.base.token_ids, tokens])
             logprobs = np.concatenate([self.base.logprobs, logprobs])
             versions = np.concatenate([prefix, versions])
-        return SampleRecord(index=self.index, state=state, sampling=self.sampling, token_ids=tokens,
-                            logprobs=logprobs, versions=versions, inexact=inexact, **fields)  # type: ignore[arg-type]
+        return SampleRecord(
+            index=self.index,
+            state=state,
+            sampling=self.sampling,
+            token_ids=tokens,
+            logprobs=logprobs,
+            versions=versions,
+            inexact=inexact,
+            **fields,
+        )  # type: ignore[arg-type]

@@ -42,11 +42,17 @@ class RemoteEngine:
         return await self._actor.call.remote(method, *args, **kwargs)
 
     async def generate(
-        self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec, *,
-        index: int, resume_from: SampleRecord | None = None,
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
     ) -> SampleRecord:
         record: SampleRecord = await self._call(
-            "generate", request_id, list(prompt_token_ids), sampling, index=index, resume_from=resume_from)
+            "generate", request_id, list(prompt_token_ids), sampling, index=index, resume_from=resume_from
+        )
         return record
 
     async def pause_and_capture(self) -> Cut:
@@ -94,7 +100,12 @@ class EnginePool:
 
     @classmethod
     async def ray(
-        cls, config: EngineConfig, num_engines: int, *, actor_options: dict[str, Any] | None = None, **options: Any,
+        cls,
+        config: EngineConfig,
+        num_engines: int,
+        *,
+        actor_options: dict[str, Any] | None = None,
+        **options: Any,
     ) -> EnginePool:
         """``num_engines`` engines, each in its own Ray actor (``ray.init`` must have run)."""
         import ray
@@ -105,15 +116,21 @@ class EnginePool:
         return cls([RemoteEngine(a) for a in actors])
 
     async def generate(
-        self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec, *,
-        index: int, resume_from: SampleRecord | None = None,
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
     ) -> SampleRecord:
         """Run one sample on the least busy engine."""
         i = min(range(len(self.engines)), key=self._outstanding.__getitem__)
         self._outstanding[i] += 1
         try:
-            return await self.engines[i].generate(request_id, prompt_token_ids, sampling, index=index,
-                                                  resume_from=resume_from)
+            return await self.engines[i].generate(
+                request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
+            )
         finally:
             self._outstanding[i] -= 1
 
@@ -129,8 +146,12 @@ class EnginePool:
         for c in done:
             samples.update(c.samples)
         # The slowest engine's pause and the first engine's stop bound every engine's idle time.
-        return Cut(samples=samples, pause_s=max(c.pause_s for c in done), stop_s=min(c.stop_s for c in done),
-                   engine_tokens=sum(c.engine_tokens for c in done))
+        return Cut(
+            samples=samples,
+            pause_s=max(c.pause_s for c in done),
+            stop_s=min(c.stop_s for c in done),
+            engine_tokens=sum(c.engine_tokens for c in done),
+        )
 
     async def resume(self) -> None:
         await asyncio.gather(*[e.resume() for e in self.engines])
@@ -157,7 +178,8 @@ class EnginePool:
         steps = [p.steps for p in parts]
         gen = [p.generation_tokens for p in parts]
         return Progress(
-            tokens_received=sum(p.tokens_received for p in parts), live_tokens=live,
+            tokens_received=sum(p.tokens_received for p in parts),
+            live_tokens=live,
             steps=None if None in steps else sum(s for s in steps if s is not None),
             generation_tokens=None if None in gen else sum(g for g in gen if g is not None),
         )

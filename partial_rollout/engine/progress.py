@@ -31,8 +31,9 @@ def step_logger_factory(count: StepCount) -> Callable[[Any, int], Any]:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if iteration_stats is None:
                 return
             count.steps += 1

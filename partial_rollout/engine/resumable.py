@@ -47,7 +47,8 @@ def with_worker_hooks(config: EngineConfig) -> EngineConfig:
     if config.worker_extension_cls not in (None, vllm_internals.EXTENSION):
         raise ConfigError(
             f"is {config.worker_extension_cls!r}; the resumable engine needs its own ({vllm_internals.EXTENSION})",
-            field="worker_extension_cls", fix="Leave it unset",
+            field="worker_extension_cls",
+            fix="Leave it unset",
         )
     return dataclasses.replace(config, worker_extension_cls=vllm_internals.EXTENSION)
 
@@ -55,8 +56,14 @@ def with_worker_hooks(config: EngineConfig) -> EngineConfig:
 class ResumableEngine:
     """One vLLM engine in this process (its engine core in a child process, as vLLM does). Build with :meth:`start`."""
 
-    def __init__(self, llm: Any, config: EngineConfig, capabilities: Capabilities, policy_version: int,
-                 steps: StepCount | None = None) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        config: EngineConfig,
+        capabilities: Capabilities,
+        policy_version: int,
+        steps: StepCount | None = None,
+    ) -> None:
         self._llm = llm
         self._config = config
         self._capabilities = capabilities
@@ -71,8 +78,13 @@ class ResumableEngine:
 
     @classmethod
     async def start(
-        cls, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False,
-        trust_untested: bool = False, count_steps: bool = False,
+        cls,
+        config: EngineConfig,
+        *,
+        policy_version: int = 0,
+        require_exact: bool = False,
+        trust_untested: bool = False,
+        count_steps: bool = False,
     ) -> ResumableEngine:
         """Start the engine, probe the vLLM internals it needs, and decide what it may capture.
 
@@ -91,16 +103,28 @@ class ResumableEngine:
         steps = StepCount() if count_steps else None
         llm = make_async_engine(config, stat_loggers=None if steps is None else [step_logger_factory(steps)])
         try:
-            return await cls.attach(llm, config, policy_version=policy_version, require_exact=require_exact,
-                                    trust_untested=trust_untested, steps=steps)
+            return await cls.attach(
+                llm,
+                config,
+                policy_version=policy_version,
+                require_exact=require_exact,
+                trust_untested=trust_untested,
+                steps=steps,
+            )
         except BaseException:
             llm.shutdown()
             raise
 
     @classmethod
     async def attach(
-        cls, llm: Any, config: EngineConfig, *, policy_version: int = 0, require_exact: bool = False,
-        trust_untested: bool = False, steps: StepCount | None = None,
+        cls,
+        llm: Any,
+        config: EngineConfig,
+        *,
+        policy_version: int = 0,
+        require_exact: bool = False,
+        trust_untested: bool = False,
+        steps: StepCount | None = None,
     ) -> ResumableEngine:
         """Take over a running ``AsyncLLM`` started from ``with_worker_hooks(config)`` (a trainer's own engine).
 
@@ -108,16 +132,21 @@ class ResumableEngine:
         else is touched before that decision.
         """
         if config.worker_extension_cls != vllm_internals.EXTENSION:
-            raise ConfigError(f"is {config.worker_extension_cls!r}", field="worker_extension_cls",
-                              fix="Start the engine from with_worker_hooks(config)")
+            raise ConfigError(
+                f"is {config.worker_extension_cls!r}",
+                field="worker_extension_cls",
+                fix="Start the engine from with_worker_hooks(config)",
+            )
         reports = await llm.collective_rpc("partial_rollout_probe", kwargs={"frontend_pid": os.getpid()})
         capabilities = vllm_internals.decide(
-            vllm_internals.vllm_build(), vllm_internals.probe_frontend(llm), reports, trust_untested=trust_untested)
+            vllm_internals.vllm_build(), vllm_internals.probe_frontend(llm), reports, trust_untested=trust_untested
+        )
         if not capabilities.exact:
             if require_exact:
                 raise ConfigError(
                     f"exact resume of seeded sampling is not possible here: {capabilities.reason}",
-                    field="require_exact", fix="Use a tested vLLM version, or accept inexact resumes",
+                    field="require_exact",
+                    fix="Use a tested vLLM version, or accept inexact resumes",
                 )
             warnings.warn(f"seeded samples will resume inexactly: {capabilities.reason}", stacklevel=3)
         else:
@@ -181,8 +210,9 @@ class ResumableEngine:
         if base is not None:
             if base.index != index:
                 raise ValueError(f"{request_id}: resume_from is sample {base.index}, not {index}")
-            done = continuation.finished_without_engine(base, sampling, eos_token_id=self._eos_token_id,
-                                                        decode=self._decode)
+            done = continuation.finished_without_engine(
+                base, sampling, eos_token_id=self._eos_token_id, decode=self._decode
+            )
             if done is not None:
                 return done
             if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
@@ -193,7 +223,8 @@ class ResumableEngine:
         consumed = 0 if base is None else base.num_tokens
         prompt = [int(t) for t in prompt_token_ids] + ([] if base is None else base.token_ids.tolist())
         params = continuation.to_vllm_params(
-            sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state)
+            sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state
+        )
         req = LiveRequest(index=index, sampling=sampling, base=base, version_starts=[(self._policy_version, 0)])
         self._live[request_id] = req
         try:
@@ -207,9 +238,12 @@ class ResumableEngine:
                         raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
                     req.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True))
                 if out.finished:
-                    req.finished = req.record(SampleState.FINISHED, len(req.token_ids),
-                                              finish_reason=str(completion.finish_reason),
-                                              stop_reason=completion.stop_reason)
+                    req.finished = req.record(
+                        SampleState.FINISHED,
+                        len(req.token_ids),
+                        finish_reason=str(completion.finish_reason),
+                        stop_reason=completion.stop_reason,
+                    )
             if req.finished is None:
                 raise RuntimeError(f"{request_id}: vLLM's stream ended without a finished output")
             return req.finished
@@ -250,8 +284,12 @@ class ResumableEngine:
         except BaseException:
             await self.resume()
             raise
-        return Cut(samples=samples, pause_s=time.perf_counter() - started, stop_s=stopped - started,
-                   engine_tokens=engine_tokens)
+        return Cut(
+            samples=samples,
+            pause_s=time.perf_counter() - started,
+            stop_s=stopped - started,
+            engine_tokens=engine_tokens,
+        )
 
     async def _freeze(self) -> cut.WorkerView:
         """Pause (keep mode) and wait for every output produced before it; returns the workers' view

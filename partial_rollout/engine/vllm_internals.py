@@ -132,7 +132,10 @@ def probe_frontend(llm: Any) -> list[str]:
 
 
 def decide(
-    build: str, frontend_missing: Sequence[str], worker_reports: Sequence[Mapping[str, Any]], *,
+    build: str,
+    frontend_missing: Sequence[str],
+    worker_reports: Sequence[Mapping[str, Any]],
+    *,
     trust_untested: bool = False,
 ) -> Capabilities:
     """Grant each capability whose internals are all present on a tested build and runner.
@@ -156,8 +159,14 @@ def decide(
         )
     verified = not needs["verified_cut"] and (tested or trust_untested)
     exact = verified and not needs["exact"]
-    return Capabilities(exact=exact, verified_cut=verified, reason="; ".join(reasons) or None,
-                        vllm_build=build, runner=runner, fast_pause="pause_scheduler" not in missing)
+    return Capabilities(
+        exact=exact,
+        verified_cut=verified,
+        reason="; ".join(reasons) or None,
+        vllm_build=build,
+        runner=runner,
+        fast_pause="pause_scheduler" not in missing,
+    )
 
 
 # ---------------------------------------------------------------- front-end accessors

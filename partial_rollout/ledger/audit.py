@@ -111,14 +111,22 @@ def effective_timeline(
                 rolled, timeline = timeline, [event]
                 resumes.append({"save_id": None, "event": event, "rolled_back": rolled, "save": None})
                 continue
-            at = next((i for i in range(len(timeline) - 1, -1, -1)
-                       if timeline[i]["event"] == EventKind.SAVE and timeline[i].get("save_id") == save_id), None)
+            at = next(
+                (
+                    i
+                    for i in range(len(timeline) - 1, -1, -1)
+                    if timeline[i]["event"] == EventKind.SAVE and timeline[i].get("save_id") == save_id
+                ),
+                None,
+            )
             if at is None:
                 raise AuditError(
-                    f"resume from save {save_id!r}, which the log does not hold before it", path=path,
-                    field=_where(event), fix="A resume must follow the save event of the checkpoint it loaded.",
+                    f"resume from save {save_id!r}, which the log does not hold before it",
+                    path=path,
+                    field=_where(event),
+                    fix="A resume must follow the save event of the checkpoint it loaded.",
                 )
-            rolled = timeline[at + 1:]
+            rolled = timeline[at + 1 :]
             timeline = [*timeline[: at + 1], event]
             resumes.append({"save_id": save_id, "event": event, "rolled_back": rolled, "save": timeline[at]})
             continue
@@ -141,7 +149,9 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
     # Work rolled back by any resume was done and thrown away, even if a later resume discards that resume too.
     tokens_regenerated = sum(
         e.get("tokens", 0) - e.get("prefix_tokens", 0)
-        for r in resumes for e in r["rolled_back"] if e["event"] == EventKind.FINISH
+        for r in resumes
+        for e in r["rolled_back"]
+        if e["event"] == EventKind.FINISH
     )
     yields: Counter[str] = Counter()
     consumes: Counter[str] = Counter()
@@ -189,20 +199,22 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
         lost_here = sorted((set(lost) & was_out) - charged)
         charged |= set(lost_here)
         save = r["save"] or {}
-        resume_rows.append({
-            "save_id": r["save_id"],
-            "step": save.get("step", 0),
-            "outstanding_at_save": len(was_out),
-            "outstanding_at_save_by_state": save.get("outstanding", {}),
-            "saved_by_state": save.get("groups", {}),
-            "samples_unfinished_at_save": save.get("samples_unfinished", 0),
-            "samples_in_flight_saved": save.get("samples_in_flight", 0),
-            "prefix_tokens_at_save": save.get("prefix_tokens", 0),
-            "lost": len(lost_here),
-            "lost_ids": lost_here,
-            "rolled_back_events": len(rolled),
-            "rolled_back_consumes": sum(e["event"] == EventKind.CONSUME for e in rolled),
-        })
+        resume_rows.append(
+            {
+                "save_id": r["save_id"],
+                "step": save.get("step", 0),
+                "outstanding_at_save": len(was_out),
+                "outstanding_at_save_by_state": save.get("outstanding", {}),
+                "saved_by_state": save.get("groups", {}),
+                "samples_unfinished_at_save": save.get("samples_unfinished", 0),
+                "samples_in_flight_saved": save.get("samples_in_flight", 0),
+                "prefix_tokens_at_save": save.get("prefix_tokens", 0),
+                "lost": len(lost_here),
+                "lost_ids": lost_here,
+                "rolled_back_events": len(rolled),
+                "rolled_back_consumes": sum(e["event"] == EventKind.CONSUME for e in rolled),
+            }
+        )
     return AuditReport(
         complete=end is not None,
         yielded=len(yields),

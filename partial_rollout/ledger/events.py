@@ -132,7 +132,9 @@ def read_numbered_events(path: str | os.PathLike[str]) -> Iterator[tuple[int, di
             what = f"not JSON ({exc}); only the last line may be torn by a kill"
             raise BadInputError(what, path=path, field=f"line {number}") from None
         if not isinstance(record, dict) or not isinstance(record.get("event"), str):
-            raise BadInputError("not an event object (a JSON object with a string 'event')", path=path, field=f"line {number}")
+            raise BadInputError(
+                "not an event object (a JSON object with a string 'event')", path=path, field=f"line {number}"
+            )
         yield number, record
 
 

@@ -135,11 +135,17 @@ class WorkLedger:
         """
         group = self._get(group_id, GroupState.IN_FLIGHT)
         if sample.state is not SampleState.FINISHED:
-            raise ValueError(f"group {group_id!r} sample {sample.index}: finish() needs a finished sample, got {sample.state.value}")
+            raise ValueError(
+                f"group {group_id!r} sample {sample.index}: finish() needs a finished sample, got {sample.state.value}"
+            )
         group.samples[sample.index] = sample
         self.counters["finished"] += 1
         self._emit(
-            EventKind.FINISH, prompt=group_id, sample=sample.index, tokens=sample.num_tokens, prefix_tokens=prefix_tokens,
+            EventKind.FINISH,
+            prompt=group_id,
+            sample=sample.index,
+            tokens=sample.num_tokens,
+            prefix_tokens=prefix_tokens,
             reward=sample.reward,
         )
         return self.settle(group_id)
@@ -179,7 +185,9 @@ class WorkLedger:
         """Discard a group's generated tokens and make it pending again (it will be dispatched anew)."""
         group = self._get(group_id)
         discarded = sum(s.num_tokens for s in group.samples)
-        group.samples = [SampleRecord(index=s.index, state=SampleState.NOT_STARTED, sampling=s.sampling) for s in group.samples]
+        group.samples = [
+            SampleRecord(index=s.index, state=SampleState.NOT_STARTED, sampling=s.sampling) for s in group.samples
+        ]
         group.state = GroupState.PENDING
         group.dispatch_version = -1
         self._emit(EventKind.REGENERATE, prompt=group_id, reason=reason, discarded_tokens=discarded)
@@ -288,25 +296,43 @@ class WorkLedger:
         self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
         self.snapshot_file = snapshot_path(folder).name
         snapshot = self.to_snapshot(
-            trainer_step=trainer_step, policy_version=policy_version, fingerprints=fingerprints,
-            loader_state=loader_state, states=states, metadata=metadata,
+            trainer_step=trainer_step,
+            policy_version=policy_version,
+            fingerprints=fingerprints,
+            loader_state=loader_state,
+            states=states,
+            metadata=metadata,
         )
         stats = snapshot.counts()
         outstanding = {state.value: 0 for state in GroupState}
         for group in self._groups.values():
             outstanding[group.state.value] += 1
-        unfinished = sum(s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples)
+        unfinished = sum(
+            s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples
+        )
         self._emit(
-            EventKind.SAVE, durable=True, save_id=self.last_save_id, step=trainer_step, policy_version=policy_version,
-            outstanding=outstanding, groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
-            samples_unfinished=unfinished, samples_in_flight=stats["samples_in_flight"],
-            prefix_tokens=stats["tokens_in_flight"], saved=[g.group_id for g in snapshot.groups], **event_fields,
+            EventKind.SAVE,
+            durable=True,
+            save_id=self.last_save_id,
+            step=trainer_step,
+            policy_version=policy_version,
+            outstanding=outstanding,
+            groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
+            samples_unfinished=unfinished,
+            samples_in_flight=stats["samples_in_flight"],
+            prefix_tokens=stats["tokens_in_flight"],
+            saved=[g.group_id for g in snapshot.groups],
+            **event_fields,
         )
         save_snapshot(snapshot, folder)
         return snapshot
 
     def load(
-        self, folder: str | os.PathLike[str], *, expect: Fingerprints | None = None, allow_vllm_change: bool = False,
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        expect: Fingerprints | None = None,
+        allow_vllm_change: bool = False,
     ) -> Snapshot:
         """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the rest of the resume.
 
@@ -356,11 +382,17 @@ class WorkLedger:
     ) -> None:
         """Check a manifest completely, then adopt it (nothing changes when it is refused)."""
         if not isinstance(state, Mapping):
-            what = "missing: not written by WorkLedger" if state is None else f"must be a JSON object, got {type(state).__name__}"
+            what = (
+                "missing: not written by WorkLedger"
+                if state is None
+                else f"must be a JSON object, got {type(state).__name__}"
+            )
             raise error(what, path=path, field=field)
         if state.get(VERSION_KEY) != STATE_VERSION:
             raise error(
-                f"version {state.get(VERSION_KEY)!r}, expected {STATE_VERSION}", path=path, field=f"{field}.{VERSION_KEY}",
+                f"version {state.get(VERSION_KEY)!r}, expected {STATE_VERSION}",
+                path=path,
+                field=f"{field}.{VERSION_KEY}",
                 fix="It was written by another partial-rollout version; resume with the one that wrote it.",
             )
         if set(state) != set(MANIFEST_KEYS):
@@ -405,4 +437,6 @@ def _fields(sample: SampleRecord) -> dict[str, Any]:
 
 
 def _is_counts(value: Any) -> bool:
-    return isinstance(value, Mapping) and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items())
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items()
+    )

@@ -83,7 +83,10 @@ def find_snapshot(path: str | os.PathLike[str]) -> Path:
 
 
 def load_snapshot(
-    path: str | os.PathLike[str], *, expect: Fingerprints | None = None, allow_vllm_change: bool = False,
+    path: str | os.PathLike[str],
+    *,
+    expect: Fingerprints | None = None,
+    allow_vllm_change: bool = False,
 ) -> Snapshot:
     """Load and fully check the snapshot at ``path`` (a file, or a checkpoint folder holding one).
 
@@ -111,8 +114,9 @@ def load_snapshot(
     warnings.warn(f"{reader.path}: in-flight samples continue inexactly: {reason}", stacklevel=2)
     for group in snapshot.groups:
         group.samples = [
-            s if s.state is not SampleState.IN_FLIGHT else dataclasses.replace(
-                s, sampler_state=None, inexact=s.inexact or reason)
+            s
+            if s.state is not SampleState.IN_FLIGHT
+            else dataclasses.replace(s, sampler_state=None, inexact=s.inexact or reason)
             for s in group.samples
         ]
     return snapshot

@@ -20,8 +20,8 @@ import numpy as np
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import container, layout, state_codec
-from partial_rollout.snapshot.container import Chunks
 from partial_rollout.snapshot.checksum import ALGORITHM, CHECKSUMS_KEY, metadata_checksum, tensor_checksum
+from partial_rollout.snapshot.container import Chunks
 from partial_rollout.snapshot.runs import encode_runs
 from partial_rollout.snapshot.schema import FORMAT_NAME, FORMAT_VERSION, SNAPSHOT_FILENAME, Snapshot, canonical_json
 
