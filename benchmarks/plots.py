@@ -56,13 +56,15 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
         len(rows), len(sizes), figsize=(max(7.5, 5 * len(sizes)), 0.6 + 3.8 * len(rows)), squeeze=False
     )
     for row, (metric, floor_metric, label) in enumerate(rows):
-        for ax, n in zip(axes[row], sizes):
+        for ax, n in zip(axes[row], sizes, strict=True):
             pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
             xs = [p["mean_prefix"] for p in pts]
             for mode in ("uninterrupted", "regenerate", "continue"):
                 stats = [p["summary"]["modes"][mode][metric] for p in pts]
                 med = [s["median"] for s in stats]
-                err = [[m - s["min"] for m, s in zip(med, stats)], [s["max"] - m for m, s in zip(med, stats)]]
+                below = [m - s["min"] for m, s in zip(med, stats, strict=True)]
+                above = [s["max"] - m for m, s in zip(med, stats, strict=True)]
+                err = [below, above]
                 ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=COLORS[mode], label=mode)
             floor = [p["summary"]["modes"]["continue"][floor_metric]["median"] for p in pts]
             ax.plot(xs, floor, ls="--", marker=".", color=COLORS["continue"], alpha=0.6, label="prefill floor")
@@ -168,7 +170,7 @@ def plot_ratio(result: dict[str, Any], path: Path) -> Path:
         ("wall time, warm engine", lambda m: _median(m["regenerate"], "warm_vs_continue")),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(13, 4))
-    for ax, (label, ratio) in zip(axes, panels):
+    for ax, (label, ratio) in zip(axes, panels, strict=True):
         for n in sorted({p["num_in_flight"] for p in result["points"]}):
             pts = sorted((p for p in result["points"] if p["num_in_flight"] == n), key=lambda p: p["mean_prefix"])
             ax.plot(

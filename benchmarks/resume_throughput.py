@@ -113,18 +113,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for rep in range(max(r for _, _, r in points_spec)):
             if rep and args.deadline and time.time() > args.deadline:
                 break
-            for n, L in [(n, L) for n, L, reps in points_spec if rep < reps]:
+            for n, length in [(n, length) for n, length, reps in points_spec if rep < reps]:
                 if rep and args.deadline and time.time() > args.deadline:
                     tqdm.write(
-                        f"deadline reached: no repetition {rep + 1} for {n}x{L} and later points", file=sys.stderr
+                        f"deadline reached: no repetition {rep + 1} for {n}x{length} and later points", file=sys.stderr
                     )
                     break
-                bar.set_description(f"rep {rep + 1}: {n} in flight x {L} prefix")
-                r = await one_rep(config, workloads[n, L], rep, bar)
-                results[n, L].append(r)
+                bar.set_description(f"rep {rep + 1}: {n} in flight x {length} prefix")
+                r = await one_rep(config, workloads[n, length], rep, bar)
+                results[n, length].append(r)
                 tqdm.write(
-                    f"{n:>4} x {L:>5} rep {rep}: uninterrupted {r['modes']['uninterrupted']['recovery_s']:.2f}s"
-                    f" continue {r['modes']['continue']['recovery_s']:.2f}s regenerate {r['modes']['regenerate']['recovery_s']:.2f}s"
+                    f"{n:>4} x {length:>5} rep {rep}: uninterrupted {r['modes']['uninterrupted']['recovery_s']:.2f}s"
+                    f" continue {r['modes']['continue']['recovery_s']:.2f}s"
+                    f" regenerate {r['modes']['regenerate']['recovery_s']:.2f}s"
                     f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']}",
                     file=sys.stderr,
                 )
@@ -168,7 +169,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help="output prefix: writes PREFIX.json and PREFIX_*.png (default benchmarks/results/resume_quick or resume_full)",
+        help="output prefix: writes PREFIX.json and PREFIX_*.png "
+        "(default benchmarks/results/resume_quick or resume_full)",
     )
     engine = parser.add_argument_group("engine (defaults suit the tiny CPU model; on GPU pass a real --model)")
     engine.add_argument("--model", default=None, help="Hugging Face model folder (default: the project's tiny Llama)")
@@ -219,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(result["markdown"])
     print(
         f"\nconsistency check: {'passed' if result['consistency']['passed'] else 'FAILED'};"
-        f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens; exact: {result['exact']['all_reps']}"
+        f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens;"
+        f" exact: {result['exact']['all_reps']}"
     )
     for p in paths:
         print(f"wrote {p}")

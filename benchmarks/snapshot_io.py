@@ -121,7 +121,7 @@ def run(num_samples: int, num_tokens: int, folder: Path, repeats: int) -> dict[s
     snapshot = build_snapshot(num_samples, num_tokens)
     path = folder / "partial_rollouts.safetensors"
     load_before = os.getloadavg()[0]
-    save_s = best_of(repeats, "save", lambda: save_snapshot(snapshot, path))
+    save_s = best_of(repeats, "save", functools.partial(save_snapshot, snapshot, path))
     del snapshot
     size = path.stat().st_size
 

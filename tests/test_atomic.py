@@ -116,7 +116,7 @@ def test_sigkill_during_save_leaves_previous_snapshot_loadable(tmp_path: Path) -
                 time.sleep(rng.uniform(0, 0.02))
             else:  # wait until a save has completed (the file was replaced), then kill at random
                 inode = path.stat().st_ino
-                _wait_for(lambda: path.stat().st_ino != inode)
+                _wait_for(lambda inode=inode: path.stat().st_ino != inode)
                 time.sleep(rng.uniform(0.0, 0.5))
         finally:
             child.send_signal(signal.SIGKILL)

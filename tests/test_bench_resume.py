@@ -34,7 +34,10 @@ def test_benchmarks_run_from_the_repository_root() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "--full" in proc.stdout
-    code = "import benchmarks.resume_throughput, benchmarks.resume.phases as p, benchmarks.snapshot_io as s; print(p.__file__); print(s.__file__)"
+    code = (
+        "import benchmarks.resume_throughput, benchmarks.resume.phases as p, benchmarks.snapshot_io as s;"
+        " print(p.__file__); print(s.__file__)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [Path(line) for line in proc.stdout.split()] == [

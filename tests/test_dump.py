@@ -161,7 +161,7 @@ CORPUS = ["hello world", "the quick brown fox", "h\u00e9llo w\u00f6rld \u2713", 
 
 
 def text_snapshot(tokenizer: Tokenizer, tokenizer_dir: Path, **fingerprint_fields: str) -> Snapshot:
-    prefix = [tokenizer.token_to_id("<|bos|>")] + tokenizer.encode("h\u00e9llo w\u00f6rld \u2713").ids
+    prefix = [tokenizer.token_to_id("<|bos|>"), *tokenizer.encode("h\u00e9llo w\u00f6rld \u2713").ids]
     sample = SampleRecord(
         index=0,
         state=SampleState.IN_FLIGHT,
@@ -280,7 +280,7 @@ def test_decode_refuses_another_tokenizer(tmp_path: Path, capsys: pytest.Capture
     """A tokenizer whose sha256 differs from the fingerprint would print the wrong text: refused."""
     tokenizer = train_tokenizer(tmp_path / "ckpt", CORPUS)
     save_snapshot(text_snapshot(tokenizer, tmp_path / "ckpt"), tmp_path / "ckpt")
-    train_tokenizer(tmp_path / "other", CORPUS + ["another corpus entirely"])
+    train_tokenizer(tmp_path / "other", [*CORPUS, "another corpus entirely"])
     status, out, err = dump(capsys, str(tmp_path / "ckpt"), "--decode", "--tokenizer", str(tmp_path / "other"))
     assert status == EXIT_BAD_INPUT and out == ""
     assert (

@@ -75,7 +75,7 @@ async def _generate(engine, prompt, params, rid):
     async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, rid):
         final = out
     c = final.outputs[0]
-    return list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]
+    return list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]
 
 
 _OTHER_PROCESS = r"""
@@ -152,7 +152,7 @@ def test_seeded_long_prompts_together_match_alone(async_engine, loop_thread) -> 
     for i in range(4):
         assert len(batched[i][0]) == 24
         assert batched[i][0] == single[i][0], f"prompt {i}: tokens differ"
-        diff = max(abs(a - b) for a, b in zip(batched[i][1], single[i][1]))
+        diff = max(abs(a - b) for a, b in zip(batched[i][1], single[i][1], strict=True))
         print(f"prompt {i}: max |logprob diff| batched vs alone = {diff:.3g}")
         # batch composition moves logprobs (docs/exact_resume.md: up to 0.021 measured here for this case)
         assert diff < BATCH_LOGPROB_TOLERANCE, f"prompt {i}: logprobs differ by {diff}"

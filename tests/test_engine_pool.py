@@ -66,7 +66,7 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         finally:
             await pool.shutdown()
 
-    for rid, out in zip(work, loop_thread.run(resume_side())):
+    for rid, out in zip(work, loop_thread.run(resume_side()), strict=True):
         assert out.inexact is None
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
         # concurrent on both sides: logprobs agree within the engine's batch numerics (docs/exact_resume.md)

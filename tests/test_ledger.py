@@ -143,7 +143,7 @@ def test_save_and_load_restore_the_groups_from_the_snapshot(tmp_path: Path) -> N
     for group in ledger.groups():
         assert restored[group.group_id] == group  # tokens, logprobs, versions, states: all from the snapshot
     assert restored["flying"].samples[0].num_tokens == 5
-    save = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save"][0]
+    save = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save")
     assert save["samples_in_flight"] == 1 and save["prefix_tokens"] == 5
     assert save["groups"] == {"pending": 1, "in_flight": 1, "ready": 1}
 

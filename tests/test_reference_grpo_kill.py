@@ -78,7 +78,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
         return folder, run, audit(folder / EVENTS_FILENAME)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
-        return dict(zip(SCENARIOS, pool.map(one, SCENARIOS)))
+        return dict(zip(SCENARIOS, pool.map(one, SCENARIOS), strict=True))
 
 
 def _save_event(folder: Path, save_id: str) -> dict:
@@ -130,8 +130,8 @@ def test_partial_rollouts_off_lose_what_the_seed_predicts(runs) -> None:
 
 
 def test_a_resumed_run_trains_on_the_same_groups_as_an_uninterrupted_one(runs) -> None:
-    whole_dir, whole_run, whole = runs["serial_whole"]
-    killed_dir, killed_run, killed = runs["serial_killed"]
+    whole_dir, whole_run, _ = runs["serial_whole"]
+    killed_dir, killed_run, _ = runs["serial_killed"]
     assert [a.killed for a in whole_run.attempts] == [False] and killed_run.attempts[0].killed
     expected = trained_groups(whole_dir)
     assert len(expected) == CFG.grpo.max_num_steps

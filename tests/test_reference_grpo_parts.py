@@ -87,7 +87,7 @@ def test_policy_checkpoint_round_trip_continues_identically(tiny: Path, tmp_path
     b.load(tmp_path)
     ma, mb = a.train_step([_group(3)]), b.train_step([_group(3)])
     assert ma == mb  # same weights and same optimizer moments give the same second step
-    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     export = a.export_for_engine(tmp_path / "v2")
     assert (export / "config.json").is_file() and (export / "tokenizer.json").is_file()

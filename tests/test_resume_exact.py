@@ -106,7 +106,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
         engine = await ResumableEngine.start(config)
         try:
             alone = {
-                rid: await engine.generate(f"alone-{rid}", *work[rid], index=0) for rid in exact_kinds + ["penalty"]
+                rid: await engine.generate(f"alone-{rid}", *work[rid], index=0) for rid in [*exact_kinds, "penalty"]
             }
             tasks = {}
             for rid, (prompt, spec) in work.items():  # staggered starts: cuts land at many K
@@ -199,7 +199,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
 
     # same schedule: tokens and versions bit for bit, logprobs within the prefill-vs-decode numerics
     bit_identical = total = 0
-    for (job, rid, rec), out in zip(same_schedule, one_by_one):
+    for (job, rid, _), out in zip(same_schedule, one_by_one, strict=True):
         assert out.inexact is None, (job, out.inexact)
         np.testing.assert_array_equal(out.token_ids, alone[rid].token_ids, err_msg=job)
         np.testing.assert_allclose(out.logprobs, alone[rid].logprobs, atol=BATCH_VARIANCE, rtol=0, err_msg=job)
@@ -235,7 +235,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     assert not np.array_equal(penalised.token_ids, alone["penalty"].token_ids)
 
     # a resumed request cut again keeps its prefix and, until it runs, its saved sampler state
-    for job, rid, rec in concurrent:
+    for job, _, rec in concurrent:
         again = recut.samples.get(job)
         if again is not None and again.state is not SampleState.FINISHED and rec.num_tokens:
             np.testing.assert_array_equal(again.token_ids[: rec.num_tokens], rec.token_ids, err_msg=job)

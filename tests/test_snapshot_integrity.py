@@ -103,7 +103,7 @@ def test_newer_version_is_refused_clearly(saved: Path, tmp_path: Path) -> None:
     assert error.field == "format_version"
     assert "newer partial-rollout" in str(error) and "Upgrade partial-rollout" in str(error)
     for bad in ("0", "x", "1.0", ""):
-        other = rewrite(saved, tmp_path / "bad.safetensors", metadata=lambda m: m.update(format_version=bad))
+        other = rewrite(saved, tmp_path / "bad.safetensors", metadata=lambda m, bad=bad: m.update(format_version=bad))
         assert rejected(other).field == "format_version"
 
 
@@ -350,7 +350,7 @@ def test_lazy_reader_checks_structure_on_open(saved: Path, tmp_path: Path) -> No
 
 
 def nested(depth: int) -> str:
-    """JSON lists nested ``depth`` deep: a few hundred kilobytes that make ``json.loads`` recurse past Python's limit."""
+    """JSON lists nested ``depth`` deep: a few hundred kB that make ``json.loads`` recurse past Python's limit."""
     return "[" * depth + "]" * depth
 
 

@@ -75,7 +75,7 @@ class Requests:
         return {rid: t.result() for rid, t in self.tasks.items() if t.done()}
 
     async def gather(self) -> dict[str, SampleRecord]:
-        return dict(zip(self.tasks, await asyncio.gather(*self.tasks.values())))
+        return dict(zip(self.tasks, await asyncio.gather(*self.tasks.values()), strict=True))
 
 
 # --- engine A: dispatch, cut, save, uninterrupted ------------------------------------------------
@@ -90,7 +90,9 @@ class Dispatched:
 
 
 async def dispatch_staggered(requests: Requests, groups: list[Group], t0: float) -> Dispatched:
-    """Launch each group once the first request is ``kmax - K`` tokens in, so all reach their K together; return at the cut."""
+    """Launch each group once the first request is ``kmax - K`` tokens in, so all reach their K together.
+
+    Returns at the cut."""
     tracker = requests.tracker
     dispatched = sorted((g for g in groups if not g.pending), key=lambda g: -g.prefix_target)
     kmax = dispatched[0].prefix_target
@@ -285,7 +287,7 @@ async def recover(engine: Any, work: list[Recovered], *, resume: bool, start_s: 
         decode_tokens=decode,
         useful_tokens=useful,
         prefill_tokens=sum(len(w.prompt) + (w.sample.num_tokens if resume else 0) for w in work),
-        records={w.rid: r for w, r in zip(work, records)},
+        records={w.rid: r for w, r in zip(work, records, strict=True)},
         timeline=tracker.timeline,
     )
 

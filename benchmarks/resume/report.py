@@ -318,15 +318,20 @@ def collect(
 ) -> list[dict[str, Any]]:
     """Per-point summaries of the repetitions run so far; the first repetition's timelines are kept."""
     points = []
-    for n, L, reps in points_spec:
-        done = results[n, L]
+    for n, length, reps in points_spec:
+        done = results[n, length]
         if not done:
             continue
         timeline = done[0].get("timelines")
         kept = [{k: v for k, v in r.items() if k != "timelines"} for r in done]
         points.append(
             dict(
-                num_in_flight=n, mean_prefix=L, reps_planned=reps, reps=kept, summary=summarize(kept), timeline=timeline
+                num_in_flight=n,
+                mean_prefix=length,
+                reps_planned=reps,
+                reps=kept,
+                summary=summarize(kept),
+                timeline=timeline,
             )
         )
     return points
@@ -342,7 +347,7 @@ def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         s = p["summary"]
         for mode in MODES:
             m = s["modes"][mode]
-            g = lambda k: (m.get(k) or {}).get("median")  # noqa: E731
+            g = lambda k, m=m: (m.get(k) or {}).get("median")  # noqa: E731
             rows.append(
                 dict(
                     in_flight=p["num_in_flight"],
@@ -398,7 +403,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for p in result["points"]:
         s = p["summary"]
-        sv = lambda k: (s["save"].get(k) or {}).get("median")  # noqa: E731
+        sv = lambda k, s=s: (s["save"].get(k) or {}).get("median")  # noqa: E731
         c = s["modes"]["continue"]
         lines.append(
             f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"

@@ -79,7 +79,7 @@ def build_workload(
         k = int(rng.integers(max(1, mean_prefix // 2), int(1.5 * mean_prefix) + 1))
         size = group_size if pending or g < num_groups - 1 else num_in_flight - group_size * (num_groups - 1)
         specs = []
-        for i in range(size):
+        for _ in range(size):
             r = int(np.clip(rng.lognormal(mu, sigma), MIN_REMAINDER, 2 * mean_prefix))
             total = min(k + r, budget)
             specs.append(

@@ -154,7 +154,8 @@ class DataConfig:
             raise ConfigError(f"min_tokens {self.min_tokens} > max_tokens {self.max_tokens}", field="data.min_tokens")
         if self.reward_tokens > self.min_tokens:
             raise ConfigError(
-                f"reward_tokens {self.reward_tokens} > min_tokens {self.min_tokens}: some completions would be too short to score",
+                f"reward_tokens {self.reward_tokens} > min_tokens {self.min_tokens}: "
+                "some completions would be too short to score",
                 field="data.reward_tokens",
             )
         if not self.length_tail_alpha > 0:

@@ -100,7 +100,9 @@ class GRPOLoop:
     # ---------------------------------------------------------------- resume
 
     async def restore(self, folder: Path) -> None:
-        """Load the ledger's cut and re-take every permit the restored work holds (none blocks: nothing else holds one yet)."""
+        """Load the ledger's cut and re-take every permit the restored work holds.
+
+        None blocks: nothing else holds one yet."""
         snapshot = self.ledger.load(
             folder,
             expect=self.fingerprints,

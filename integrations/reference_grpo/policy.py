@@ -61,7 +61,7 @@ class Policy:
         targets = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width)
         old = torch.zeros(len(rows), width)
-        for r, ((prompt, completion), lp) in enumerate(zip(rows, behaviour)):
+        for r, ((prompt, completion), lp) in enumerate(zip(rows, behaviour, strict=True)):
             seq = prompt + completion
             input_ids[r, : len(seq)] = torch.tensor(seq)
             attention[r, : len(seq)] = 1
