@@ -8,7 +8,8 @@ Runs one workload three times, each in its own process with its own engine:
 3. *resume*: a fresh engine loads the snapshot and continues every sample from its prefix.
 
 It then compares each stitched completion with the reference, token by token and logprob by
-logprob (within ``--logprob-atol``, the engine's own batch-composition numerics), and prints how many matched, the first divergence of any that did not, and the pause time.
+logprob (within ``--logprob-atol``, the engine's own batch-composition numerics), and prints how many
+matched, the first divergence of any that did not, and the pause time.
 Exit status 0 only when every sample not declared inexact matched.
 
 Usage::
@@ -39,7 +40,7 @@ from partial_rollout.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 _RESULT = "result.json"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "check-resume",
         help="check that interrupted generations continue exactly on this model and engine",
@@ -106,7 +107,7 @@ async def _role(args: argparse.Namespace) -> None:
     results: dict[str, Any] = {}
     if args.role == "reference":
         records = await asyncio.gather(*[engine.generate(r, p, s, index=0) for r, (p, s) in work.items()])
-        results = {r: rec for r, rec in zip(work, records)}
+        results = {r: rec for r, rec in zip(work, records, strict=True)}
     elif args.role == "cut":
         tasks = {}
         for rid, (prompt, spec) in work.items():
@@ -114,7 +115,8 @@ async def _role(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.002)
         # cut once a random share (10-60 %) of the whole budget has been generated
         target = random.Random(args.seed + 1).uniform(0.1, 0.6) * sum(s.max_tokens for _, s in work.values())
-        while (await engine.progress()).tokens_received < target and not all(t.done() for t in tasks.values()):
+        # polling: the engine's counters have no event to wait on
+        while (await engine.progress()).tokens_received < target and not all(t.done() for t in tasks.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.001)
         cut = await engine.pause_and_capture()
         # everything of the workload: in flight or queued at the cut, or finished before it
@@ -122,7 +124,7 @@ async def _role(args: argparse.Namespace) -> None:
         groups = [
             GroupRecord(
                 group_id=rid,
-                prompt_token_ids=work[rid][0],
+                prompt_token_ids=np.asarray(work[rid][0], dtype=np.int32),
                 state=GroupState.IN_FLIGHT,
                 dispatch_version=0,
                 samples=[samples[rid]],
@@ -148,7 +150,7 @@ async def _role(args: argparse.Namespace) -> None:
                 for rid, (g, rec) in saved.items()
             ]
         )
-        results = {rid: rec for rid, rec in zip(saved, records)}
+        results = {rid: rec for rid, rec in zip(saved, records, strict=True)}
         results["__cut__"] = {rid: [rec.state.value, rec.num_tokens, rec.inexact] for rid, (_, rec) in saved.items()}
         results["__pause_s__"] = snapshot.metadata["pause_s"]
     (out / f"{args.role}-{_RESULT}").write_text(

@@ -21,6 +21,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ CHILD_TIMEOUT_S = 1200
 """A trainer process that runs longer than this is taken for hung (a healthy one takes one to three minutes)."""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "demo",
         help="train, kill and resume the reference GRPO trainer with partial rollouts on and off; audit both",
@@ -125,7 +126,7 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
         d = report["resumes"][0][key]
         return f"{d.get('pending', 0)}/{d.get('in_flight', 0)}/{d.get('ready', 0)}"
 
-    rows = [
+    rows: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("prompts yielded", lambda r: r["yielded"]),
         ("prompts trained", lambda r: r["trained"]),
         ("evicted on purpose", lambda r: f"{r['evicted']} {r['evicted_by_reason'] or ''}".strip()),

@@ -69,7 +69,7 @@ version; one line names the file and the field), 1 anything else.
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``dump`` subcommand to the ``partial-rollout`` parser."""
     p = subparsers.add_parser(
         "dump",
@@ -162,14 +162,15 @@ def _load_tokenizer(reader: SnapshotReader, given: str | None) -> Any:
         candidates = [folder / TOKENIZER_FILENAME, folder / "tokenizer" / TOKENIZER_FILENAME]
         if reader.fingerprints.model_path:
             candidates.append(Path(reader.fingerprints.model_path) / TOKENIZER_FILENAME)
-        file = next((c for c in candidates if c.is_file()), None)
-        if file is None:
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
             raise BadInputError(
                 f"no {TOKENIZER_FILENAME} found (looked in {', '.join(str(c.parent) for c in candidates)})",
                 path=reader.path,
                 field="tokenizer",
                 fix="Pass --tokenizer DIR with the tokenizer the run used.",
             )
+        file = found
     digest = tokenizer_fingerprint(file)
     if digest != reader.fingerprints.tokenizer:
         raise SnapshotError(
@@ -211,7 +212,9 @@ def _request(group: GroupRecord, sample: SampleRecord, tokenizer: Any) -> dict[s
     ids = sample.token_ids.tolist()
     tokens = [
         {"position": i, "id": token, "logprob": logprob, "version": version}
-        for i, (token, logprob, version) in enumerate(zip(ids, sample.logprobs.tolist(), sample.versions.tolist()))
+        for i, (token, logprob, version) in enumerate(
+            zip(ids, sample.logprobs.tolist(), sample.versions.tolist(), strict=True)
+        )
     ]
     report = {
         "group_id": group.group_id,
@@ -246,7 +249,8 @@ def _format_request(r: dict[str, Any]) -> str:
         f"prompt {r['prompt_tokens']} tokens, prefix {r['prefix_tokens']} tokens, max_tokens {sampling['max_tokens']},"
         f" remaining {r['remaining_tokens']}",
         "sampling: " + " ".join(f"{k}={_printable(v)}" for k, v in sampling.items() if k != "max_tokens"),
-        f"finish_reason {_printable(r['finish_reason'])}, stop_reason {_printable(r['stop_reason'])}, reward {r['reward']}",
+        f"finish_reason {_printable(r['finish_reason'])}, stop_reason {_printable(r['stop_reason'])},"
+        f" reward {r['reward']}",
         f"sampler state {r['sampler_state_bytes']} bytes, inexact: {_printable(r['inexact'] or 'no')}",
         f"data: {_printable(json.dumps(r['data'], ensure_ascii=False))}",
     ]
@@ -292,7 +296,8 @@ def _format_summary(s: dict[str, Any]) -> str:
         for row in rows:
             versions = _span(row["versions"])
             lines.append(
-                f"--- {_printable(row['group_id'])}/{row['sample']} ({row['prefix_tokens']} tokens, versions {versions})"
+                f"--- {_printable(row['group_id'])}/{row['sample']}"
+                f" ({row['prefix_tokens']} tokens, versions {versions})"
             )
             lines.append(row["text"].translate(_TEXT_ESCAPES))
     elif rows:
@@ -320,11 +325,11 @@ def _format_summary(s: dict[str, Any]) -> str:
 
 def _table(header: list[str], rows: list[list[str]], *, numeric: range) -> list[str]:
     """Aligned columns; those in ``numeric`` are right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
         out = []
-        for i, (cell, width) in enumerate(zip(cells, widths)):
+        for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
             out.append(cell.rjust(width) if i in numeric else cell.ljust(width))
         return "  ".join(out).rstrip()
 

@@ -14,7 +14,7 @@ from partial_rollout.engine.factory import EngineConfig, make_offline_engine
 from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "generate",
         help="generate a few completions with a (tiny) model: an install smoke test",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from partial_rollout_integrations.reference_grpo.__main__ import add_arguments
 
     p = subparsers.add_parser(
@@ -34,4 +34,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from partial_rollout_integrations.reference_grpo.__main__ import train
 
-    return train(args)
+    return int(train(args))

@@ -49,7 +49,8 @@ class EngineConfig:
     """Longest prompt + completion, in tokens. Bounded so the KV cache and one-step prefill stay small."""
     kv_cache_memory_bytes: int | None = None
     """KV-cache size in bytes (an int, e.g. ``268435456``). ``None`` means 256 MiB on CPU and
-    ``gpu_memory_utilization`` on GPU. vLLM's CPU memory probe fails on many VMs, so CPU always gets an explicit size."""
+    ``gpu_memory_utilization`` on GPU. vLLM's CPU memory probe fails on many VMs, so CPU always gets an
+    explicit size."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory vLLM may use; ignored on CPU (with a warning if changed)."""
     max_num_seqs: int = 64
@@ -61,7 +62,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     """Reuse KV blocks across requests with a shared prefix."""
     enforce_eager: bool | None = None
-    """Skip graph capture / torch.compile. ``None``: eager on CPU (compiling costs ~a minute for no gain), vLLM's default on GPU."""
+    """Skip graph capture / torch.compile. ``None``: eager on CPU (compiling costs ~a minute for no gain),
+    vLLM's default on GPU."""
     seed: int = 0
     """Engine seed: the global sampler RNG that *unseeded* requests draw from."""
     tensor_parallel_size: int = 1
@@ -82,7 +84,8 @@ class EngineConfig:
                 "model folder does not exist",
                 path=self.model,
                 field="model",
-                fix="Pass a local folder holding config.json and weights (build one with `python -m partial_rollout.models.tiny`)",
+                fix="Pass a local folder holding config.json and weights "
+                "(build one with `python -m partial_rollout.models.tiny`)",
             )
         if not (model / "config.json").is_file():
             raise ConfigError(
@@ -132,7 +135,7 @@ def is_cpu_platform() -> bool:
     """Whether vLLM runs on CPU here (decided by the installed vLLM build)."""
     from vllm.platforms import current_platform
 
-    return current_platform.is_cpu()
+    return bool(current_platform.is_cpu())
 
 
 def engine_kwargs(config: EngineConfig, *, cpu: bool | None = None) -> dict[str, Any]:

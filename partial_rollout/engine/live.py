@@ -29,10 +29,10 @@ class LiveRequest:
     """The saved prefix this request continues, if it is a resume."""
     version_starts: list[tuple[int, int]]
     """``(policy version, first token index)`` of each stretch of this engine's tokens, oldest first."""
-    token_ids: array = field(default_factory=lambda: array("i"))
+    token_ids: array[int] = field(default_factory=lambda: array("i"))
     """Typed buffers (int32, float32), not lists: a cut copies them into numpy without a per-token
     conversion, which keeps the engine's pause short when hundreds of long samples are in flight."""
-    logprobs: array = field(default_factory=lambda: array("f"))
+    logprobs: array[float] = field(default_factory=lambda: array("f"))
     finished: SampleRecord | None = None
 
     def mark_version(self, version: int) -> None:
@@ -47,15 +47,23 @@ class LiveRequest:
             out[min(start, n) : min(end, n)] = version
         return out
 
-    def record(self, state: SampleState, n: int, **fields: object) -> SampleRecord:
+    def record(
+        self,
+        state: SampleState,
+        n: int,
+        *,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        sampler_state: bytes | None = None,
+    ) -> SampleRecord:
         """The saved prefix (if any) stitched with the first ``n`` tokens this engine generated."""
         tokens = np.frombuffer(self.token_ids, dtype=np.int32, count=n).copy()
         logprobs = np.frombuffer(self.logprobs, dtype=np.float32, count=n).copy()
         versions = self.versions(n)
-        inexact = fields.pop("inexact", None)
+        inexact = None
         if self.base is not None:
             prefix = self.base.versions
-            inexact = inexact or self.base.inexact
+            inexact = self.base.inexact
             now = self.version_starts[0][0]
             if inexact is None and len(prefix) and (prefix.min() != prefix.max() or int(prefix[-1]) != now):
                 inexact = exactness.version_mix(int(prefix.min()), int(prefix.max()), now)
@@ -70,5 +78,7 @@ class LiveRequest:
             logprobs=logprobs,
             versions=versions,
             inexact=inexact,
-            **fields,
-        )  # type: ignore[arg-type]
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            sampler_state=sampler_state,
+        )

@@ -27,7 +27,7 @@ def step_logger_factory(count: StepCount) -> Callable[[Any, int], Any]:
     """A per-engine stat-logger factory for ``AsyncLLM(stat_loggers=[...])`` that adds into ``count``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class StepLogger(StatLoggerBase):
+    class StepLogger(StatLoggerBase):  # type: ignore[misc]  # vLLM's class is untyped to mypy
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 

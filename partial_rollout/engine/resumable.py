@@ -11,7 +11,6 @@ attribute, and the start-up probe that decides what may be used, in
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import time
@@ -335,9 +334,7 @@ class ResumableEngine:
             await self.resume()
 
     async def shutdown(self) -> None:
-        """Stop the engine core now, rather than in ``AsyncLLM.__del__`` during interpreter exit (which fails noisily)."""
+        """Stop the engine core now, not in ``AsyncLLM.__del__`` during interpreter exit (which fails noisily)."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            llm.shutdown()
-            del llm
-            gc.collect()
+            vllm_internals.shutdown(llm)

@@ -84,14 +84,14 @@ def _resolve(root: Any, path: str) -> Any:
 
 
 def _class_has(cls: type | None, attr: str) -> bool:
-    """Whether instances of ``cls`` get ``attr``: a field of a dataclass; else an ``__init__`` parameter or a class attribute."""
+    """Whether instances of ``cls`` get ``attr``: a dataclass field, else an ``__init__`` parameter or attribute."""
     if cls is None:
         return False
     fields = getattr(cls, "__dataclass_fields__", None)
     if fields is not None:
         return attr in fields
     try:
-        if attr in inspect.signature(cls.__init__).parameters:
+        if attr in inspect.signature(cls).parameters:
             return True
     except (TypeError, ValueError):
         pass
@@ -216,6 +216,17 @@ def envs_cache_enabled() -> bool | None:
 
     check = getattr(envs, "_is_envs_cache_enabled", None)
     return bool(check()) if callable(check) else None
+
+
+def shutdown(llm: Any) -> None:
+    """Stop the engine now, and keep vLLM's ``AsyncLLM.__del__`` from stopping it a second time.
+
+    The object can outlive our reference (frames kept from vLLM's start-up still hold it), so
+    ``__del__`` would run at interpreter exit, after module globals are gone, and print a
+    ``TypeError`` at the end of every clean run. Shadowing the instance's ``shutdown`` ends that.
+    """
+    llm.shutdown()
+    llm.shutdown = lambda *args, **kwargs: None
 
 
 # ---------------------------------------------------------------- sampler state in requests

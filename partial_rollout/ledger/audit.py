@@ -167,7 +167,7 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
     for position, event in enumerate(timeline):
         if position in resume_starts:
             outstanding_at[position] = set(outstanding)
-        kind, prompt = event["event"], event.get("prompt")
+        kind, prompt = event["event"], str(event.get("prompt"))
         if kind == EventKind.YIELD:
             yields[prompt] += 1
             outstanding.add(prompt)

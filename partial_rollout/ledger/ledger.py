@@ -229,7 +229,7 @@ class WorkLedger:
     # ---------------------------------------------------------------- run-level events
 
     def log(self, kind: str, **fields: Any) -> None:
-        """Write a trainer event of ``kind`` (:data:`~partial_rollout.ledger.events.TRAIN_STEP` metrics, ...) to the event log."""
+        """Write a trainer event of ``kind`` (e.g. :data:`~partial_rollout.ledger.events.TRAIN_STEP`) to the log."""
         self._emit(EventKind.LOG, kind=kind, **fields)
 
     def record_start(self, **fields: Any) -> None:
@@ -334,7 +334,7 @@ class WorkLedger:
         expect: Fingerprints | None = None,
         allow_vllm_change: bool = False,
     ) -> Snapshot:
-        """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the rest of the resume.
+        """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the resume.
 
         Raises:
             SnapshotError: the snapshot is damaged or mismatched (see

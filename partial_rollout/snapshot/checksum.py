@@ -33,7 +33,7 @@ def tensor_checksum(tensor: np.ndarray | Chunks) -> str:
     """CRC-32 of a contiguous little-endian tensor's bytes (of its pieces in order), as 8 hex digits."""
     crc = 0
     for piece in tensor if isinstance(tensor, Chunks) else (tensor,):
-        crc = zlib.crc32(piece, crc)
+        crc = zlib.crc32(piece.data, crc)
     return f"{crc & 0xFFFFFFFF:08x}"
 
 

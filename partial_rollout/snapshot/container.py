@@ -126,7 +126,7 @@ def write_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray | Chu
     text += b" " * (-len(text) % 8)
     if len(text) > MAX_HEADER_SIZE:
         raise ValueError(f"the header would be {len(text)} bytes, over safetensors' limit of {MAX_HEADER_SIZE}")
-    pieces = [struct.pack("<Q", len(text)), text]
+    pieces: list[bytes | np.ndarray] = [struct.pack("<Q", len(text)), text]
     for name in order:
         tensor = tensors[name]
         pieces.extend(tensor if isinstance(tensor, Chunks) else (tensor,))
@@ -141,7 +141,7 @@ def _write_all(fd: int, pieces: list[bytes | np.ndarray]) -> None:
     A snapshot holds a few small arrays per sample; writing them one call at a time costs several
     times the copy itself.
     """
-    views = [memoryview(p.reshape(-1).view(np.uint8) if isinstance(p, np.ndarray) else p) for p in pieces]
+    views = [p.reshape(-1).view(np.uint8).data if isinstance(p, np.ndarray) else memoryview(p) for p in pieces]
     views = [v for v in views if v.nbytes]
     first = 0
     while first < len(views):

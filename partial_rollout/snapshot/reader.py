@@ -157,7 +157,7 @@ class SnapshotReader:
         self._parse_metadata(metadata)
         self._check_tensor_entries()
         try:
-            self._file = safe_open(self.path, framework="np")
+            self._file: Any = safe_open(self.path, framework="np")  # untyped: safetensors ships no stubs for it
         except (SafetensorError, OSError) as exc:
             raise self._error(f"safetensors cannot open it: {exc}", "header") from None
         self._full: dict[str, np.ndarray] = {}
@@ -416,8 +416,8 @@ class SnapshotReader:
     def _read(self, name: str, bounds: tuple[int, int] | None) -> np.ndarray:
         try:
             if bounds is None:
-                return self._file.get_tensor(name)
-            return self._file.get_slice(name)[bounds[0] : bounds[1]]
+                return np.asarray(self._file.get_tensor(name))
+            return np.asarray(self._file.get_slice(name)[bounds[0] : bounds[1]])
         except SafetensorError as exc:
             raise self._error(f"safetensors cannot read it: {exc}", name) from None
 
@@ -596,4 +596,5 @@ class SnapshotReader:
 def _dotted(fingerprints: Fingerprints, name: str) -> str | int | None:
     if name.startswith("extra."):
         return fingerprints.extra.get(name.removeprefix("extra."))
-    return getattr(fingerprints, name)
+    value: str | int = getattr(fingerprints, name)
+    return value

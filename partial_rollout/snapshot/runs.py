@@ -20,11 +20,11 @@ def encode_runs(samples: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, 
         ``(run_offsets int64 [S+1], run_values int32 [R], run_lengths int32 [R])``.
     """
     starts_per_sample = [np.flatnonzero(v[1:] != v[:-1]) + 1 if len(v) else _EMPTY for v in samples]
-    counts = [len(starts) + 1 if len(v) else 0 for v, starts in zip(samples, starts_per_sample)]
+    counts = [len(starts) + 1 if len(v) else 0 for v, starts in zip(samples, starts_per_sample, strict=True)]
     run_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
     np.cumsum(counts, out=run_offsets[1:])
     values, lengths = [], []
-    for v, starts in zip(samples, starts_per_sample):
+    for v, starts in zip(samples, starts_per_sample, strict=True):
         if len(v):
             values.append(v[np.concatenate([[0], starts])] if len(starts) else v[:1])
             lengths.append(np.diff(np.concatenate([[0], starts, [len(v)]])) if len(starts) else np.array([len(v)]))

@@ -95,21 +95,21 @@ def canonical_json(value: Any, *, what: str, sort_keys: bool = False) -> str:
 def _int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {number}")
+    return number
 
 
 def _float(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {number}")
+    return number
 
 
 def _text(name: str, value: Any) -> str:
@@ -198,7 +198,8 @@ class SamplingSpec:
         set_(self, "min_tokens", _int("sampling.min_tokens", self.min_tokens, minimum=0, maximum=self.max_tokens))
         if self.seed is not None:
             set_(self, "seed", _int("sampling.seed", self.seed, minimum=INT64_MIN, maximum=INT64_MAX))
-        if isinstance(self.stop, str):
+        stop: object = self.stop  # the annotation says tuple; a caller may still pass one string
+        if isinstance(stop, str):
             raise ValueError("sampling.stop must be a sequence of strings, not one string")
         set_(self, "stop", tuple(_text("sampling.stop", s) for s in self.stop))
         if any(not s for s in self.stop):
@@ -624,5 +625,5 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b

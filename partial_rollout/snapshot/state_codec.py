@@ -289,7 +289,7 @@ def states_equal(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return isinstance(a, dict) and isinstance(b, dict) and _dicts_equal(a, b)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict):
         return _dicts_equal(a, b)
     if isinstance(a, (float, np.floating)) and math.isnan(a):

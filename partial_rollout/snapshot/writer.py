@@ -153,7 +153,9 @@ class _Interner:
     def codes(self, keys: Sequence[Hashable | None], values: Sequence[Any] | None = None) -> np.ndarray:
         """int32 codes of ``keys``, :data:`~layout.NO_CODE` for None."""
         values = keys if values is None else values
-        codes = [layout.NO_CODE if key is None else self.code(key, value) for key, value in zip(keys, values)]
+        codes = [
+            layout.NO_CODE if key is None else self.code(key, value) for key, value in zip(keys, values, strict=True)
+        ]
         return np.array(codes, dtype=np.int32)
 
 
