@@ -52,6 +52,11 @@ def with_worker_hooks(config: EngineConfig) -> EngineConfig:
     return dataclasses.replace(config, worker_extension_cls=vllm_internals.EXTENSION)
 
 
+def cache_salt(policy_version: int) -> str:
+    """vLLM's per-request prefix-cache salt: requests share cached KV only under the same weights."""
+    return f"partial-rollout-policy-v{policy_version}"
+
+
 class ResumableEngine:
     """One vLLM engine in this process (its engine core in a child process, as vLLM does). Build with :meth:`start`."""
 
@@ -227,7 +232,10 @@ class ResumableEngine:
         req = LiveRequest(index=index, sampling=sampling, base=base, version_starts=[(self._policy_version, 0)])
         self._live[request_id] = req
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+            # The prefix cache is salted with the policy version: KV blocks computed by older weights
+            # are never reused for a request labelled with the current version.
+            inputs = TokensPrompt(prompt_token_ids=prompt, cache_salt=cache_salt(self._policy_version))
+            async for out in self._llm.generate(inputs, params, request_id):
                 completion = out.outputs[0]
                 new = completion.token_ids
                 req.token_ids.extend(new)
@@ -319,6 +327,9 @@ class ResumableEngine:
 
         The engine is frozen and drained first, so the tokens each request holds at that moment are
         exactly the ones the old weights sampled: every later token is labelled ``policy_version``.
+        Requests submitted from now on use a new prefix-cache salt, so none of them (resumed
+        prefixes included) reuses KV blocks the old weights computed; requests already running keep
+        their own KV, as in-flight weight updates do.
         """
         if policy_version < self._policy_version:
             raise ValueError(f"policy version must not go back ({self._policy_version} -> {policy_version})")
