@@ -186,9 +186,9 @@ def _apply_multiprocessing(config: EngineConfig) -> None:
     current = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     if current == wanted:
         return
-    import vllm.envs as envs
+    from partial_rollout.engine import vllm_internals
 
-    if envs._is_envs_cache_enabled():
+    if vllm_internals.envs_cache_enabled() is not False:  # frozen, or this vLLM cannot tell
         raise ConfigError(
             f"multiprocessing={config.multiprocessing} differs from an engine already started in this process",
             field="multiprocessing",
