@@ -9,13 +9,13 @@
     ledger.dispatch("e0:17", policy_version=3)
     ledger.finish("e0:17", finished_sample)              # once per sample
     ledger.consume(["e0:17"], step=4)
-    ledger.capture(cut.samples); ledger.save(ckpt_dir, ...)  # at a checkpoint
+    ledger.capture(cut.samples); ledger.save(ckpt_dir, ...)  # at a checkpoint (or cut, resume, write)
     report = audit(run_dir / "events.jsonl")             # lost / duplicated, from the log alone
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
 from partial_rollout.ledger.events import EVENTS_FILENAME, TRAIN_STEP, EventKind, EventLog, read_events
-from partial_rollout.ledger.ledger import WorkLedger, request_id
+from partial_rollout.ledger.ledger import LedgerCut, WorkLedger, request_id
 
 __all__ = [
     "EVENTS_FILENAME",
@@ -24,6 +24,7 @@ __all__ = [
     "AuditReport",
     "EventKind",
     "EventLog",
+    "LedgerCut",
     "WorkLedger",
     "audit",
     "effective_timeline",

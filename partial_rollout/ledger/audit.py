@@ -21,6 +21,19 @@ nothing. The cut-away events are *rolled back*: their work was redone, which is 
 
 Without an ``end`` event (a run killed and never resumed to its end) nothing can be called lost
 yet: ``complete`` is False and the unaccounted prompts are reported as ``open``.
+
+**Checks that catch a resume which merely looks clean** (a prompt left untrained at the end is not
+lost, so these close the ways work could hide there):
+
+- *stranded*: a group saved in flight and restored by a resume must produce a ``finish`` event for
+  every sample it had unfinished (or be evicted, or regenerated, with a reason) before the run ends
+  or before the next save that a later resume uses, unless that save holds it in flight again.
+  A resume that silently dropped a continuation leaves it stranded.
+- *cursor*: the prompts a killed process yielded after the save are the prompts the resumed process
+  yields after the resume, in the same order (the loader is deterministic from its saved cursor;
+  ``cursor_mismatches``).
+- *reference*: with ``reference=`` (the log of an uninterrupted run with the same seed), the
+  prompts yielded on the effective timeline come in the same order as there (``yield_divergence``).
 """
 
 from __future__ import annotations
@@ -81,6 +94,21 @@ class AuditReport:
     """Tokens generated and then thrown away: rolled back by a kill, or discarded by ``regenerate``."""
     steps: list[dict[str, Any]] = field(default_factory=list)
     """The trainer's ``log`` events of kind ``train_step`` on the effective timeline (the reward curve)."""
+    yield_order: list[str] = field(default_factory=list)
+    """Prompts in the order they were yielded on the effective timeline."""
+    stranded: int = 0
+    """Groups restored in flight at a resume that never finished, nor were evicted or regenerated."""
+    stranded_ids: list[str] = field(default_factory=list)
+    cursor_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    """Per resume whose resumed process yielded other prompts than the killed one did after the save:
+    the save, the first position that differs, and the two prompts there."""
+    yield_divergence: dict[str, Any] | None = None
+    """With a reference log: the first position where the yield order differs from it (None: same order)."""
+
+    @property
+    def clean(self) -> bool:
+        """Nothing lost, duplicated or stranded, and the loader cursor checks passed."""
+        return not (self.lost or self.duplicated or self.stranded or self.cursor_mismatches or self.yield_divergence)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -134,8 +162,13 @@ def effective_timeline(
     return timeline, resumes
 
 
-def audit(path: str | os.PathLike[str]) -> AuditReport:
+def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | None = None) -> AuditReport:
     """Audit the event log at ``path`` (see the module docstring for the definitions).
+
+    Args:
+        path: the ``events.jsonl`` to audit.
+        reference: the log of an uninterrupted run with the same seed; the prompts yielded must
+            come in its order (``yield_divergence``).
 
     Raises:
         BadInputError: a line of the log is damaged (not a JSON event object).
@@ -164,12 +197,14 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
     end: dict[str, Any] | None = None
     tokens_continued = 0
     steps = []
+    yield_order = []
     for position, event in enumerate(timeline):
         if position in resume_starts:
             outstanding_at[position] = set(outstanding)
         kind, prompt = event["event"], str(event.get("prompt"))
         if kind == EventKind.YIELD:
             yields[prompt] += 1
+            yield_order.append(prompt)
             outstanding.add(prompt)
         elif kind in (EventKind.CONSUME, EventKind.EVICT):
             if prompt not in yields:
@@ -193,12 +228,33 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
     duplicated = sorted({p for p, n in consumes.items() if n > 1} | {p for p, n in yields.items() if n > 1})
     charged: set[str] = set()
     resume_rows = []
+    stranded: set[str] = set()
+    cursor_mismatches = []
+    starts = sorted(position_of[id(r["event"])] for r in resumes)
+    save_at = {position_of[id(r["event"])]: r["save"] or {} for r in resumes}
     for r in resumes:
         rolled = r["rolled_back"]
-        was_out = outstanding_at[position_of[id(r["event"])]]
+        start = position_of[id(r["event"])]
+        following = next((p for p in starts if p > start), None)
+        segment = timeline[start + 1 : following]
+        save = r["save"] or {}
+        stranded_here: list[str] = []
+        if following is not None or end is not None:  # else the run may still finish them
+            carried = save_at[following] if following is not None else {}
+            stranded_here = _stranded(save, segment, carried)
+            stranded |= set(stranded_here)
+        mismatch = _first_difference(
+            [e["prompt"] for e in rolled if e["event"] == EventKind.YIELD],
+            [e["prompt"] for e in segment if e["event"] == EventKind.YIELD],
+        )
+        if mismatch is not None:
+            position, before, after = mismatch
+            cursor_mismatches.append(
+                {"save_id": r["save_id"], "position": position, "before_kill": before, "after_resume": after}
+            )
+        was_out = outstanding_at[start]
         lost_here = sorted((set(lost) & was_out) - charged)
         charged |= set(lost_here)
-        save = r["save"] or {}
         resume_rows.append(
             {
                 "save_id": r["save_id"],
@@ -209,12 +265,19 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
                 "samples_unfinished_at_save": save.get("samples_unfinished", 0),
                 "samples_in_flight_saved": save.get("samples_in_flight", 0),
                 "prefix_tokens_at_save": save.get("prefix_tokens", 0),
+                "restored_in_flight": len(save.get("in_flight", {})),
+                "stranded_ids": stranded_here,
                 "lost": len(lost_here),
                 "lost_ids": lost_here,
                 "rolled_back_events": len(rolled),
                 "rolled_back_consumes": sum(e["event"] == EventKind.CONSUME for e in rolled),
             }
         )
+    divergence = None
+    if reference is not None:
+        found = _first_difference(audit(reference).yield_order, yield_order)
+        if found is not None:
+            divergence = {"position": found[0], "expected": found[1], "got": found[2]}
     return AuditReport(
         complete=end is not None,
         yielded=len(yields),
@@ -231,7 +294,38 @@ def audit(path: str | os.PathLike[str]) -> AuditReport:
         tokens_continued=tokens_continued,
         tokens_regenerated=tokens_regenerated,
         steps=steps,
+        yield_order=yield_order,
+        stranded=len(stranded),
+        stranded_ids=sorted(stranded),
+        cursor_mismatches=cursor_mismatches,
+        yield_divergence=divergence,
     )
+
+
+def _stranded(save: dict[str, Any], segment: list[dict[str, Any]], carried: dict[str, Any]) -> list[str]:
+    """Groups ``save`` held in flight that ``segment`` (the events after the resume from it) never
+    finished, evicted or regenerated, and that the next save used by a resume (``carried``) does not
+    hold in flight again."""
+    waiting = {group: set(samples) for group, samples in save.get("in_flight", {}).items()}
+    for event in segment:
+        group = event.get("prompt")
+        if group not in waiting:
+            continue
+        if event["event"] == EventKind.FINISH:
+            waiting[group].discard(event.get("sample"))
+        elif event["event"] in (EventKind.EVICT, EventKind.REGENERATE):
+            waiting[group].clear()
+    held_again = carried.get("in_flight", {})
+    return sorted(group for group, samples in waiting.items() if samples and group not in held_again)
+
+
+def _first_difference(a: list[str], b: list[str]) -> tuple[int, str, str] | None:
+    """Where two yield orders first differ within their common length, and the prompts there (None:
+    one is a prefix of the other; how far a run yields ahead of training depends on timing)."""
+    for position, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return position, x, y
+    return None
 
 
 def _check_fields(event: dict[str, Any], *, path: str | os.PathLike[str], line: int) -> None:
@@ -244,6 +338,13 @@ def _check_fields(event: dict[str, Any], *, path: str | os.PathLike[str], line: 
             raise AuditError(what, path=path, field=f"line {line}")
     if event["event"] == EventKind.END and not all(isinstance(p, str) for p in event["outstanding"]):
         raise AuditError("'outstanding' must list prompt ids (strings)", path=path, field=f"line {line}")
+    if event["event"] == EventKind.SAVE and "in_flight" in event:
+        held = event["in_flight"]
+        if not isinstance(held, dict) or not all(
+            isinstance(v, list) and all(type(i) is int for i in v) for v in held.values()
+        ):
+            what = f"'in_flight' must map prompt ids to lists of sample indices, got {held!r}"
+            raise AuditError(what, path=path, field=f"line {line}")
     for name in _COUNTS:
         if name in event and (type(event[name]) is not int or event[name] < 0):
             raise AuditError(f"{name!r} must be a token count, got {event[name]!r}", path=path, field=f"line {line}")

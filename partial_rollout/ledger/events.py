@@ -51,7 +51,13 @@ class EventKind(enum.StrEnum):
     REGENERATE = "regenerate"
     """A group's tokens were discarded and it is pending again (``prompt``, ``reason``, ``discarded_tokens``)."""
     SAVE = "save"
-    """A checkpoint's cut (``save_id``, ``step``, what was outstanding and what was saved)."""
+    """A checkpoint's cut (``save_id``, ``step``, what was outstanding and what was saved, the
+    unfinished samples of each saved in-flight group as ``in_flight``, and the trainer's timings of
+    the cut, e.g. ``stall_ms``). It stands in the log where the cut was taken."""
+    SAVE_WRITTEN = "save_written"
+    """The snapshot of save ``save_id`` is on disk (the trainer adds e.g. ``write_ms``, ``bytes``)."""
+    SAVE_FAILED = "save_failed"
+    """The snapshot of save ``save_id`` could not be written (``error``); no resume can name that save."""
     RESUME = "resume"
     """A process resumed from the save ``save_id`` (None: from nothing saved)."""
     END = "end"

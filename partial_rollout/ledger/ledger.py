@@ -13,13 +13,19 @@ Life of a group and the events it produces::
       │           └─ regenerate (prefixes discarded, back to pending)
       └─ evict(reason) (e.g. dropped at resume by the on_stale policy)
 
-Plus run-level events: ``start`` (a fresh run), ``save`` (a checkpoint's cut, with a ``save_id``),
+Plus run-level events: ``start`` (a fresh run), ``save`` (a checkpoint's cut, with a ``save_id``;
+then ``save_written`` or ``save_failed`` once its file is written or could not be),
 ``resume`` (naming the ``save_id`` it resumed from), ``end`` (with the groups still outstanding),
 and trainer metrics (``log``). :func:`partial_rollout.ledger.audit.audit` turns them into lost and
 duplicated counts.
 
-**Checkpointing.** The outstanding groups and their tokens persist one way only: as the snapshot
-file :meth:`WorkLedger.save` writes into a checkpoint folder and :meth:`WorkLedger.load` reads
+**Checkpointing** is two steps, so the engine stays frozen only for the first:
+:meth:`WorkLedger.cut` copies the outstanding groups into memory (a :class:`LedgerCut`: cheap, no
+I/O; take it while the engine is paused, with no ``await`` in between), and after the engine
+resumes :meth:`WorkLedger.record_save` logs the ``save`` event and :meth:`LedgerCut.write` encodes,
+writes and fsyncs the snapshot (``save_written`` or ``save_failed`` follows it in the log).
+:meth:`WorkLedger.save` does all of it at once. The outstanding groups and their tokens persist one
+way only: as the snapshot file written into a checkpoint folder, which :meth:`WorkLedger.load` reads
 back. :meth:`WorkLedger.state_dict` / :meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful``
 protocol) carry only a small JSON manifest: counters, evictions by reason, the last save id, and
 the name of the snapshot file that holds the groups. The snapshot embeds the same manifest in its
@@ -28,9 +34,12 @@ the name of the snapshot file that holds the groups. The snapshot embeds the sam
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -72,6 +81,63 @@ COUNTER_NAMES = ("yielded", "dispatched", "finished", "consumed", "evicted")
 ALL_STATES = frozenset(GroupState)
 
 
+@dataclass(kw_only=True, eq=False)
+class LedgerCut:
+    """The ledger's outstanding work at one instant, held in memory until it is written.
+
+    :meth:`WorkLedger.cut` takes it inside the engine's frozen window; :meth:`write` encodes and
+    writes it later, in any thread, while the ledger goes on changing. The groups are copies (their
+    state and sample lists are what the ledger changes); the sample records and arrays are shared,
+    because the ledger never changes a record (or a group's ``data``) in place, it replaces it.
+    """
+
+    path: Path
+    """The snapshot file :meth:`write` creates."""
+    save_id: str
+    """Id of the ``save`` event; a resume from this cut names it."""
+    trainer_step: int
+    """Training step of the checkpoint."""
+    policy_version: int
+    """Policy version at the cut."""
+    fingerprints: Fingerprints
+    """Identities a resume must match."""
+    groups: list[GroupRecord]
+    """Copies of the groups saved (those in the requested states), in yield order."""
+    loader_state: dict[str, Any] | None
+    """A deep copy of the loader's cursor at the cut."""
+    counters: dict[str, int]
+    """The ledger's counters at the cut."""
+    evicted_by_reason: dict[str, int]
+    """Evictions by reason at the cut."""
+    metadata: dict[str, Any]
+    """The trainer's metadata plus the ledger's manifest."""
+    event: dict[str, Any]
+    """Fields of the ``save`` event: what was outstanding and what is saved."""
+    previous_save: tuple[str | None, str | None]
+    """The ledger's ``last_save_id`` and ``snapshot_file`` before the cut (restored if the write fails)."""
+
+    def to_snapshot(self) -> Snapshot:
+        """The snapshot of this cut; validating it reads every token, so it is not done in the frozen window."""
+        return Snapshot(
+            trainer_step=self.trainer_step,
+            policy_version=self.policy_version,
+            fingerprints=self.fingerprints,
+            groups=self.groups,
+            loader_state=self.loader_state,
+            counters=self.counters,
+            evicted_by_reason=self.evicted_by_reason,
+            metadata=self.metadata,
+        )
+
+    def write(self) -> int:
+        """Validate, encode and write the snapshot atomically (fsync and rename included); returns its size.
+
+        A failure leaves no file behind and every earlier snapshot intact
+        (:func:`~partial_rollout.snapshot.save_snapshot`).
+        """
+        return save_snapshot(self.to_snapshot(), self.path)
+
+
 def request_id(group_id: str, index: int) -> str:
     """The engine request id of sample ``index`` of a group: how captured samples are matched back."""
     return f"{group_id}/{index}"
@@ -89,6 +155,8 @@ class WorkLedger:
         """The ``save_id`` of the checkpoint this state was last saved as or loaded from."""
         self.snapshot_file: str | None = None
         """Name of the snapshot file of that checkpoint (``partial_rollouts.safetensors`` in its folder)."""
+        self._held: list[tuple[EventKind, bool, dict[str, Any]]] | None = None
+        """Events logged between :meth:`cut` and :meth:`record_save`, written after the ``save`` event."""
 
     # ---------------------------------------------------------------- transitions
 
@@ -268,6 +336,98 @@ class WorkLedger:
             metadata={**(metadata or {}), LEDGER_METADATA_KEY: self.state_dict()},
         )
 
+    def cut(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        trainer_step: int,
+        policy_version: int,
+        fingerprints: Fingerprints,
+        loader_state: dict[str, Any] | None,
+        states: Collection[GroupState] = ALL_STATES,
+        metadata: dict[str, Any] | None = None,
+    ) -> LedgerCut:
+        """Copy the outstanding groups in ``states`` into memory, to be written into ``folder`` later.
+
+        Call it in the engine's frozen window right after :meth:`capture`, with the loader's
+        cursor read in the same window, then :meth:`record_save` once the engine runs again. It
+        does no I/O and does not validate tokens (that is :meth:`LedgerCut.write`'s job), so it
+        costs a copy of the group containers. Until :meth:`record_save`, events are held back, so
+        the ``save`` event sits in the log exactly where the cut was taken.
+        """
+        if self._held is not None:
+            raise RuntimeError("a cut is already open: record_save() it before cutting again")
+        path = snapshot_path(folder)
+        previous = (self.last_save_id, self.snapshot_file)
+        self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
+        self.snapshot_file = path.name
+        groups = [_copy_group(g) for g in self._groups.values() if g.state in states]
+        outstanding = {state.value: 0 for state in GroupState}
+        for group in self._groups.values():
+            outstanding[group.state.value] += 1
+        unfinished = sum(
+            s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples
+        )
+        saved_in_flight = [s for g in groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
+        event = {
+            "save_id": self.last_save_id,
+            "step": trainer_step,
+            "policy_version": policy_version,
+            "outstanding": outstanding,
+            "groups": {state.value: sum(g.state is state for g in groups) for state in GroupState},
+            "samples_unfinished": unfinished,
+            "samples_in_flight": len(saved_in_flight),
+            "prefix_tokens": sum(s.num_tokens for s in saved_in_flight),
+            "saved": [g.group_id for g in groups],
+            "in_flight": {
+                g.group_id: [s.index for s in g.samples if s.state is not SampleState.FINISHED]
+                for g in groups
+                if g.state is GroupState.IN_FLIGHT
+            },
+        }
+        cut = LedgerCut(
+            path=path,
+            save_id=self.last_save_id,
+            trainer_step=trainer_step,
+            policy_version=policy_version,
+            fingerprints=fingerprints,
+            groups=groups,
+            loader_state=copy.deepcopy(loader_state),
+            counters=dict(self.counters),
+            evicted_by_reason=dict(self.evicted_by_reason),
+            metadata={**copy.deepcopy(metadata or {}), LEDGER_METADATA_KEY: self.state_dict()},
+            event=event,
+            previous_save=previous,
+        )
+        self._held = []
+        return cut
+
+    def record_save(self, cut: LedgerCut, **event_fields: Any) -> None:
+        """Log the ``save`` event of ``cut`` (with ``event_fields``, e.g. the measured stall), then the held events.
+
+        The event is fsynced. Write the snapshot only after it: a kill in between leaves a
+        ``save`` event that no ``resume`` refers to, which is harmless, while a snapshot whose
+        ``save`` event is missing could not be audited.
+        """
+        held, self._held = self._held or [], None
+        self._emit(EventKind.SAVE, durable=True, **cut.event, **event_fields)
+        for event, durable, fields in held:
+            self._emit(event, durable=durable, **fields)
+
+    def record_written(self, cut: LedgerCut, **fields: Any) -> None:
+        """Log that ``cut``'s snapshot is on disk (``fields``: e.g. write time and size)."""
+        self._emit(EventKind.SAVE_WRITTEN, save_id=cut.save_id, **fields)
+
+    def record_save_failed(self, cut: LedgerCut, *, error: str) -> None:
+        """Log that ``cut`` could not be written; the manifest names the last save that exists again.
+
+        The groups are untouched (the cut held copies), so the next save works as if this one
+        had never been tried.
+        """
+        if self.last_save_id == cut.save_id:
+            self.last_save_id, self.snapshot_file = cut.previous_save
+        self._emit(EventKind.SAVE_FAILED, durable=True, save_id=cut.save_id, error=error)
+
     def save(
         self,
         folder: str | os.PathLike[str],
@@ -280,22 +440,18 @@ class WorkLedger:
         metadata: dict[str, Any] | None = None,
         **event_fields: Any,
     ) -> Snapshot:
-        """Cut a snapshot of the groups in ``states`` into ``folder`` and log the ``save`` event.
+        """:meth:`cut`, :meth:`record_save` and write in one call, for callers with nothing to resume in between.
 
-        The event records what was outstanding (groups per state, unfinished samples) and what was
-        saved (groups per state, captured in-flight samples and their prefix tokens), so an audit
-        can show what a save that keeps less (ready groups only) leaves behind.
-
-        The ``save`` event is written (and fsynced) *before* the snapshot file, and both before the
-        caller commits the checkpoint folder: a kill in between leaves an uncommitted folder that
-        no resume uses, and a ``save`` event that no ``resume`` refers to, which is harmless.
+        The ``save`` event records what was outstanding (groups per state, unfinished samples) and
+        what was saved (groups per state, the unfinished samples of each in-flight group, captured
+        in-flight samples and their prefix tokens), so an audit can show what a save that keeps
+        less (ready groups only) leaves behind.
 
         Returns:
             The snapshot written.
         """
-        self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
-        self.snapshot_file = snapshot_path(folder).name
-        snapshot = self.to_snapshot(
+        cut = self.cut(
+            folder,
             trainer_step=trainer_step,
             policy_version=policy_version,
             fingerprints=fingerprints,
@@ -303,28 +459,14 @@ class WorkLedger:
             states=states,
             metadata=metadata,
         )
-        stats = snapshot.counts()
-        outstanding = {state.value: 0 for state in GroupState}
-        for group in self._groups.values():
-            outstanding[group.state.value] += 1
-        unfinished = sum(
-            s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples
-        )
-        self._emit(
-            EventKind.SAVE,
-            durable=True,
-            save_id=self.last_save_id,
-            step=trainer_step,
-            policy_version=policy_version,
-            outstanding=outstanding,
-            groups={s.value: stats[f"groups_{s.value}"] for s in GroupState},
-            samples_unfinished=unfinished,
-            samples_in_flight=stats["samples_in_flight"],
-            prefix_tokens=stats["tokens_in_flight"],
-            saved=[g.group_id for g in snapshot.groups],
-            **event_fields,
-        )
-        save_snapshot(snapshot, folder)
+        self.record_save(cut, **event_fields)
+        try:
+            snapshot = cut.to_snapshot()
+            size = save_snapshot(snapshot, cut.path)
+        except BaseException as exc:
+            self.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
+            raise
+        self.record_written(cut, bytes=size)
         return snapshot
 
     def load(
@@ -422,8 +564,17 @@ class WorkLedger:
         return group
 
     def _emit(self, event: EventKind, *, durable: bool = False, **fields: Any) -> None:
-        if self.events is not None:
+        if self._held is not None:
+            self._held.append((event, durable, fields))
+        elif self.events is not None:
             self.events.append(event, durable=durable, **fields)
+
+
+def _copy_group(group: GroupRecord) -> GroupRecord:
+    """A group whose state and sample list can change without changing the original (records shared)."""
+    twin = copy.copy(group)
+    twin.samples = list(group.samples)
+    return twin
 
 
 def _with_index(sample: SampleRecord, index: int) -> SampleRecord:
