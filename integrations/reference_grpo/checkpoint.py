@@ -54,6 +54,11 @@ def commit(tmp: Path) -> Path:
     return final
 
 
+def discard(tmp: Path) -> None:
+    """Remove a ``step_N.tmp`` folder whose save failed (what cannot be removed stays; no resume reads it)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def latest(checkpoint_dir: Path) -> Path | None:
     """The complete checkpoint with the highest step, or None."""
     if not checkpoint_dir.is_dir():

@@ -14,9 +14,19 @@ and checkpoints every ``checkpointing.save_period`` steps.
 
 **Checkpoint.** With ``checkpointing.partial_rollouts.enabled`` the engine is paused and captured,
 and in the same await-free window the loader cursor is read and the ledger cuts every outstanding
-group (pending, in flight with their prefixes, partly finished, ready). Off, it does what NeMo RL
-does: the live cursor plus the ready groups only, so in-flight and yielded-but-undispatched prompts
-are lost on resume.
+group (pending, in flight with their prefixes, partly finished, ready) into memory. The engine then
+resumes, and only after that is the cut encoded, written, fsynced and committed (in a thread), so
+the engine stands still for the pause and the in-memory copy, not for the disk. The ``save`` event
+records that stall (``stall_ms``), the ``save_written`` event the write time. A write that fails
+(disk full, a writer error) leaves the previous checkpoint as it was: the half-written folder is
+removed, ``save_failed`` is logged, and training goes on with its in-memory state untouched (the
+cut held copies), so the next save is whole. Off, it does what NeMo RL does: the live cursor plus
+the ready groups only, so in-flight and yielded-but-undispatched prompts are lost on resume.
+
+**Logged for audits** besides the ledger's events: every weight update (``weight_update``: the
+version that went live and each running request's token count just before the update was asked
+for and just after it returned, so every token's version can be checked against when it was
+sampled), and at the end of a process the engine's own token counts (``engine_progress``).
 
 **Resume.** Ready groups go back to the buffer, in-flight samples continue from their prefixes
 (``generate(..., resume_from=record)``), pending prompts are dispatched before any new loader batch,
@@ -40,13 +50,20 @@ from tqdm import tqdm
 
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger, request_id
+from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventLog, LedgerCut, WorkLedger, request_id
 from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleState
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
 from partial_rollout_integrations.reference_grpo.policy import Policy
 
 logger = logging.getLogger(__name__)
+
+WEIGHT_UPDATE = "weight_update"
+"""``kind`` of the ``log`` event written at every weight update (``version``, ``tokens_before``,
+``tokens_after``: each running request's engine token count around the update)."""
+ENGINE_PROGRESS = "engine_progress"
+"""``kind`` of the ``log`` event written when training ends (``tokens_received``: every token this
+process's engine produced; ``live_tokens``: those of requests still running, by request id)."""
 
 
 class GRPOLoop:
@@ -159,8 +176,10 @@ class GRPOLoop:
                     self._spawn(self._generate(group_id))
                 self._spawn(self._rollout_pump())
                 await self._train_pump()
+                progress = await self.engine.progress()
                 for t in list(self._tasks):
                     t.cancel()
+            self.ledger.log(ENGINE_PROGRESS, tokens_received=progress.tokens_received, live_tokens=progress.live_tokens)
         finally:
             self._bar.close()
         self.ledger.record_end(step=self.step)
@@ -293,7 +312,12 @@ class GRPOLoop:
         self.rollout_permitted.clear()
         try:
             folder = await asyncio.to_thread(self.policy.export_for_engine, self.weights_dir / f"v{self.step}")
+            before = await self.engine.progress()
             await self.engine.update_weights(str(folder), self.step)
+            after = await self.engine.progress()
+            self.ledger.log(
+                WEIGHT_UPDATE, version=self.step, tokens_before=before.live_tokens, tokens_after=after.live_tokens
+            )
             self.version = self.step
             stale = self.weights_dir / f"v{self.step - 1}"
             if stale.exists():
@@ -318,18 +342,42 @@ class GRPOLoop:
         )
         if not self.config.checkpointing.partial_rollouts.enabled:
             # NeMo RL: the live cursor and the ready groups; pending and in-flight prompts are not saved.
-            self._cut(folder, states={GroupState.READY})
-            return
-        cut = await self.engine.pause_and_capture()
+            cut = self._cut(folder, states={GroupState.READY})
+            self.ledger.record_save(cut, stall_ms=0.0)  # the engine never stops
+        else:
+            requested = time.perf_counter()
+            frozen = await self.engine.pause_and_capture()
+            try:
+                # One await-free window: the engine is frozen, and no other coroutine runs until resume().
+                copying = time.perf_counter()
+                self.ledger.capture(frozen.samples)
+                cut = self._cut(folder, states=set(GroupState))
+                copied = time.perf_counter()
+            finally:
+                await self.engine.resume()
+            resumed = time.perf_counter()
+            self.ledger.record_save(
+                cut,
+                stall_ms=_ms(resumed - requested - frozen.stop_s),
+                pause_ms=_ms(frozen.pause_s),
+                stop_ms=_ms(frozen.stop_s),
+                cut_ms=_ms(copied - copying),
+                resume_ms=_ms(resumed - copied),
+                engine_tokens=frozen.engine_tokens,
+            )
+        writing = time.perf_counter()
         try:
-            # One await-free window: the engine is frozen, and no other coroutine runs until resume().
-            self.ledger.capture(cut.samples)
-            self._cut(folder, states=set(GroupState), pause_s=round(cut.pause_s, 4))
-        finally:
-            await self.engine.resume()
+            size = await asyncio.to_thread(cut.write)
+            await asyncio.to_thread(checkpoint.commit, folder)
+        except Exception as exc:  # anything the writer or the disk raises: the run goes on, the last checkpoint stays
+            logger.error("checkpoint of step %d not written, the previous one stays: %s", self.step, exc)
+            self.ledger.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
+            await asyncio.to_thread(checkpoint.discard, folder)
+            return
+        self.ledger.record_written(cut, write_ms=_ms(time.perf_counter() - writing), bytes=size)
 
-    def _cut(self, folder: Path, *, states: set[GroupState], **event_fields: Any) -> None:
-        self.ledger.save(
+    def _cut(self, folder: Path, *, states: set[GroupState]) -> LedgerCut:
+        return self.ledger.cut(
             folder,
             trainer_step=self.step,
             policy_version=self.version,
@@ -337,9 +385,11 @@ class GRPOLoop:
             loader_state=self.loader.state_dict(),
             states=states,
             metadata={"epoch": self.epoch},
-            **event_fields,
         )
-        checkpoint.commit(folder)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
 
 
 async def run_training(
