@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+
 from partial_rollout.engine import exactness
+from partial_rollout.engine.stops import EosIds, StopScan
 from partial_rollout.engine.vllm_internals import TESTED, decide
 from partial_rollout.snapshot import SamplingSpec
 
@@ -47,25 +52,51 @@ def test_inexact_reasons() -> None:
     assert exactness.inexact_reason(pen, num_tokens=2, sampler_state=None, **kw) == exactness.PENALTIES
     why = exactness.inexact_reason(seeded, num_tokens=4, sampler_state=None, capture_unsupported="vLLM 0.99")
     assert why and "vLLM 0.99" in why
+    bad = SamplingSpec(max_tokens=10, temperature=0.0, extra={"bad_words": ["no way"]})
+    why = exactness.inexact_reason(bad, num_tokens=3, sampler_state=None, **kw)
+    assert why and "bad_words" in why
+    assert exactness.inexact_reason(bad, num_tokens=0, sampler_state=None, **kw) is None  # restarts from scratch
+    # a stop string the prefix may have begun is no longer a reason: the adapter matches on the stitched text
     stop = SamplingSpec(max_tokens=10, temperature=0.0, stop=("END",))
-    assert (
-        exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, prefix_text="abc EN", **kw)
-        == exactness.STOP_STRADDLE
-    )
-    assert exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, prefix_text="abc", **kw) is None
+    assert exactness.inexact_reason(stop, num_tokens=3, sampler_state=None, **kw) is None
 
 
-def test_finish_in_prefix() -> None:
-    decode = lambda ids: "".join(chr(97 + i % 26) for i in ids)  # noqa: E731
+def _scan(spec: SamplingSpec, tokenizer=None, *, eos: EosIds | None = None, prompt=(5, 6)) -> StopScan:
+    return StopScan(spec, prompt_token_ids=list(prompt), tokenizer=tokenizer, eos=eos or EosIds(primary=1))
+
+
+def test_finish_in_prefix_token_ids() -> None:
     spec = SamplingSpec(max_tokens=10, temperature=0.0, stop_token_ids=(9,))
-    assert exactness.finish_in_prefix([3, 1, 4], spec, eos_token_id=1, decode=decode) == (2, "stop", None)
-    assert exactness.finish_in_prefix([3, 9, 4], spec, eos_token_id=1, decode=decode) == (2, "stop", 9)
+    assert _scan(spec).finish_in_prefix([3, 1, 4]) == (2, ("stop", None))
+    assert _scan(spec).finish_in_prefix(np.array([3, 9, 4], np.int32)) == (2, ("stop", 9))
+    assert _scan(spec).finish_in_prefix([3, 4]) is None
     min_spec = SamplingSpec(max_tokens=10, temperature=0.0, min_tokens=3)
-    assert (
-        exactness.finish_in_prefix([1, 4], min_spec, eos_token_id=1, decode=decode) is None
-    )  # EOS masked by min_tokens
+    assert _scan(min_spec).finish_in_prefix([1, 4]) is None  # vLLM masks EOS before min_tokens
     ign = SamplingSpec(max_tokens=3, temperature=0.0, ignore_eos=True)
-    assert exactness.finish_in_prefix([1, 1], ign, eos_token_id=1, decode=decode) is None
-    assert exactness.finish_in_prefix([1, 1, 1], ign, eos_token_id=1, decode=decode) == (3, "length", None)
-    text = SamplingSpec(max_tokens=10, temperature=0.0, stop=("cd",))
-    assert exactness.finish_in_prefix([0, 2, 3], text, eos_token_id=None, decode=decode) == (3, "stop", "cd")
+    assert _scan(ign).finish_in_prefix([1, 1]) is None
+    assert _scan(ign).finish_in_prefix([1, 1, 1]) == (3, ("length", None))
+    # the generation config's extra EOS ids: vLLM adds them to the stop ids, so they end with the id
+    gen = EosIds(primary=1, generation=frozenset({7}))
+    plain = SamplingSpec(max_tokens=10, temperature=0.0)
+    assert _scan(plain, eos=gen).finish_in_prefix([3, 7, 4]) == (2, ("stop", 7))
+    assert _scan(ign, eos=gen).finish_in_prefix([7, 7]) is None  # ignore_eos drops them too
+
+
+def test_finish_in_prefix_stop_strings_on_vllm_text(tiny_llama: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    ids = tok.encode("hello world, stop here", add_special_tokens=False)
+    text = SamplingSpec(max_tokens=40, temperature=0.0, stop=("world",))
+    keep, end = _scan(text, tok).finish_in_prefix(ids)
+    assert end == ("stop", "world") and tok.decode(ids[:keep]).endswith("world")  # the completing token is kept
+    # special tokens are skipped in vLLM's text by default: EOS text cannot complete a stop string
+    special = SamplingSpec(max_tokens=40, temperature=0.0, ignore_eos=True, stop=("<|eos|>",))
+    assert _scan(special, tok).finish_in_prefix([*ids, 1]) is None
+    shown = SamplingSpec(
+        max_tokens=40, temperature=0.0, ignore_eos=True, stop=("<|eos|>",), extra={"skip_special_tokens": False}
+    )
+    assert _scan(shown, tok).finish_in_prefix([*ids, 1]) == (len(ids) + 1, ("stop", "<|eos|>"))
+    # none before min_tokens: a stop string completed earlier does not end the sample
+    late = SamplingSpec(max_tokens=40, temperature=0.0, stop=("hello",), min_tokens=len(ids) - 1)
+    assert _scan(late, tok).finish_in_prefix(ids) is None

@@ -4,21 +4,26 @@ A resumed sample is a new vLLM request whose prompt is ``prompt + prefix``, whos
 prefix left (``max_tokens - K``, ``min_tokens - K``), and which carries the sampler state saved at
 the cut so that its draws continue where they stopped. A cut can race the engine: a prefix may
 already end the generation (an EOS or stop token, a stop string, the whole budget); such a sample
-is finished here, never resubmitted, since vLLM would generate past its end.
+is finished here, never resubmitted, since vLLM would generate past its end. Where the sample ends
+is decided by :class:`~partial_rollout.engine.stops.StopScan` over the whole completion, which
+the adapter keeps feeding with the continuation when stop strings could straddle the cut.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
 from typing import Any
 
-from partial_rollout.engine import exactness, vllm_internals
+from partial_rollout.engine import sampling_options, vllm_internals
+from partial_rollout.engine.stops import StopScan
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 
 def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: bytes | None = None) -> Any:
-    """vLLM ``SamplingParams`` for the rest of a sample after ``consumed`` prefix tokens."""
+    """vLLM ``SamplingParams`` for the rest of a sample after ``consumed`` prefix tokens.
+
+    ``sampling.extra`` must have passed :func:`sampling_options.check`.
+    """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -40,26 +45,24 @@ def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: 
         logprobs=max(0, sampling.logprobs),
         output_kind=RequestOutputKind.DELTA,
         extra_args=vllm_internals.encode_sampler_state(sampler_state) if sampler_state else None,
-        **sampling.extra,
+        **sampling_options.to_vllm(sampling.extra),
     )
 
 
-def finished_without_engine(
-    base: SampleRecord,
-    sampling: SamplingSpec,
-    *,
-    eos_token_id: int | None,
-    decode: Callable[[Sequence[int]], str],
-) -> SampleRecord | None:
-    """``base`` as a finished record when its prefix already ends the generation, else ``None``."""
+def finished_without_engine(base: SampleRecord, sampling: SamplingSpec, scan: StopScan) -> SampleRecord | None:
+    """``base`` as a finished record when its prefix already ends the generation, else ``None``.
+
+    ``scan`` is a fresh scan of this sample; after ``None`` it has read the prefix and continues
+    with the resumed request's tokens.
+    """
     if base.sampling != sampling:
         raise ValueError(f"sample {base.index}: resume_from was saved with other sampling parameters")
     if base.state is SampleState.FINISHED:
         return base
-    done = exactness.finish_in_prefix(base.token_ids.tolist(), sampling, eos_token_id=eos_token_id, decode=decode)
+    done = scan.finish_in_prefix(base.token_ids)
     if done is None:
         return None
-    keep, reason, stop = done
+    keep, (reason, stop) = done
     return dataclasses.replace(
         base,
         state=SampleState.FINISHED,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 
 from partial_rollout.engine import exactness
 from partial_rollout.engine.live import LiveRequest
@@ -52,8 +52,6 @@ def in_flight_record(
     count: int,
     sampler_state: bytes | None,
     capabilities: Capabilities,
-    *,
-    decode: Callable[[Sequence[int]], str],
 ) -> SampleRecord:
     """The record of a request cut after ``count`` tokens of its own, with why it cannot continue exactly, if so."""
     consumed = count + (0 if req.base is None else req.base.num_tokens)
@@ -72,6 +70,5 @@ def in_flight_record(
         num_tokens=consumed,
         sampler_state=sampler_state,
         capture_unsupported=capabilities.reason,
-        prefix_text=decode(record.token_ids.tolist()) if req.sampling.stop else None,
     )
     return record if reason == record.inexact else dataclasses.replace(record, inexact=reason)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partial_rollout.engine import exactness
+from partial_rollout.engine.stops import StopScan
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 
@@ -34,10 +35,25 @@ class LiveRequest:
     conversion, which keeps the engine's pause short when hundreds of long samples are in flight."""
     logprobs: array[float] = field(default_factory=lambda: array("f"))
     finished: SampleRecord | None = None
+    scan: StopScan | None = None
+    """For a resumed request with stop strings: the stop scan of the whole completion, already past
+    the prefix. vLLM matches stop strings within this request's output only, so one that began in
+    the prefix is found here."""
 
     def mark_version(self, version: int) -> None:
         """Tokens from now on are sampled by ``version`` (called while the engine is paused and drained)."""
         self.version_starts.append((version, len(self.token_ids)))
+
+    def stitched_end(self, new: int) -> SampleRecord | None:
+        """The finished record if one of the ``new`` tokens just appended ends the stitched completion."""
+        if self.scan is None:
+            return None
+        first = len(self.token_ids) - new
+        for i in range(first, len(self.token_ids)):
+            end = self.scan.push(self.token_ids[i])
+            if end is not None:
+                return self.record(SampleState.FINISHED, i + 1, finish_reason=end[0], stop_reason=end[1])
+        return None
 
     def versions(self, n: int) -> np.ndarray:
         """Policy version of each of the first ``n`` tokens this engine generated."""

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from partial_rollout.engine import continuation, cut, vllm_internals
+from partial_rollout.engine import continuation, cut, sampling_options, stops, vllm_internals
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.progress import StepCount, step_logger_factory
@@ -78,7 +78,7 @@ class ResumableEngine:
         self._tokens_received = 0
         self._steps = steps
         self._tokenizer = llm.get_tokenizer()
-        self._eos_token_id: int | None = getattr(self._tokenizer, "eos_token_id", None)
+        self._eos = stops.EosIds.of_engine(llm)
 
     @classmethod
     async def start(
@@ -210,13 +210,14 @@ class ResumableEngine:
         """
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already running")
+        sampling_options.check(sampling.extra)
+        scan = None
         base = resume_from
         if base is not None:
             if base.index != index:
                 raise ValueError(f"{request_id}: resume_from is sample {base.index}, not {index}")
-            done = continuation.finished_without_engine(
-                base, sampling, eos_token_id=self._eos_token_id, decode=self._decode
-            )
+            scan = stops.StopScan(sampling, prompt_token_ids=prompt_token_ids, tokenizer=self._tokenizer, eos=self._eos)
+            done = continuation.finished_without_engine(base, sampling, scan)
             if done is not None:
                 return done
             if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
@@ -229,36 +230,47 @@ class ResumableEngine:
         params = continuation.to_vllm_params(
             sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state
         )
-        req = LiveRequest(index=index, sampling=sampling, base=base, version_starts=[(self._policy_version, 0)])
+        req = LiveRequest(
+            index=index,
+            sampling=sampling,
+            base=base,
+            version_starts=[(self._policy_version, 0)],
+            scan=scan if scan is not None and scan.reads_text else None,
+        )
         self._live[request_id] = req
         try:
             # The prefix cache is salted with the policy version: KV blocks computed by older weights
             # are never reused for a request labelled with the current version.
             inputs = TokensPrompt(prompt_token_ids=prompt, cache_salt=cache_salt(self._policy_version))
-            async for out in self._llm.generate(inputs, params, request_id):
-                completion = out.outputs[0]
-                new = completion.token_ids
-                req.token_ids.extend(new)
-                self._tokens_received += len(new)
-                if new:
-                    if completion.logprobs is None or len(completion.logprobs) != len(new):
-                        raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
-                    req.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True))
-                if out.finished:
-                    req.finished = req.record(
-                        SampleState.FINISHED,
-                        len(req.token_ids),
-                        finish_reason=str(completion.finish_reason),
-                        stop_reason=completion.stop_reason,
-                    )
+            stream = self._llm.generate(inputs, params, request_id)
+            try:
+                async for out in stream:
+                    completion = out.outputs[0]
+                    new = completion.token_ids
+                    req.token_ids.extend(new)
+                    self._tokens_received += len(new)
+                    if new:
+                        if completion.logprobs is None or len(completion.logprobs) != len(new):
+                            raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
+                        req.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True))
+                    stitched = req.stitched_end(len(new))
+                    if stitched is not None:  # a stop string begun in the prefix, which vLLM cannot see
+                        req.finished = stitched
+                        break
+                    if out.finished:
+                        req.finished = req.record(
+                            SampleState.FINISHED,
+                            len(req.token_ids),
+                            finish_reason=str(completion.finish_reason),
+                            stop_reason=completion.stop_reason,
+                        )
+            finally:
+                await stream.aclose()  # ends vLLM's request where the loop stopped it early
             if req.finished is None:
                 raise RuntimeError(f"{request_id}: vLLM's stream ended without a finished output")
             return req.finished
         finally:
             del self._live[request_id]
-
-    def _decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(token_ids)))
 
     # ---------------------------------------------------------------- checkpoint cut
 
@@ -283,7 +295,7 @@ class ResumableEngine:
                 count, state = worker.get(rid, (len(req.token_ids), None))
                 assert len(req.token_ids) == count, f"{rid}: client has {len(req.token_ids)} tokens, engine {count}"
                 engine_tokens += count
-                record = cut.in_flight_record(req, count, state, self._capabilities, decode=self._decode)
+                record = cut.in_flight_record(req, count, state, self._capabilities)
                 if record.inexact and record.inexact not in self._warned:
                     self._warned.add(record.inexact)
                     warnings.warn(f"some samples will not resume exactly: {record.inexact}", stacklevel=2)
