@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import GroupRecord
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
-from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages
+from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages, sampled_logprobs
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -39,40 +39,48 @@ class Policy:
         self.serve_dtype = AutoConfig.from_pretrained(self.model_dir).dtype or torch.float32
         """The dtype the engine serves the weights in (the base model's); training runs in float32."""
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.stop_token_ids = min_tokens_stop_ids(self.model_dir)
+        """Token ids vLLM masks until a completion reaches ``min_tokens`` (the loss masks them too)."""
         self.model.train()
         opt = config.policy.optimizer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
 
     def train_step(self, groups: Sequence[GroupRecord]) -> dict[str, float]:
         """One GRPO update on ``groups`` (all ready: every sample finished and rewarded)."""
-        rows, behaviour, rewards = [], [], []
+        rows, behaviour, rewards, samplings = [], [], [], []
         for group in groups:
             rewards.append([s.reward for s in group.samples])
             for s in group.samples:
                 rows.append((group.prompt_token_ids.tolist(), s.token_ids.tolist()))
                 behaviour.append(torch.from_numpy(s.logprobs.astype("float32")))
+                samplings.append(s.sampling)
         advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32)).flatten()
         longest = max(len(p) + len(c) for p, c in rows)
         width = max(len(c) for _, c in rows)
         input_ids = torch.full((len(rows), longest), self.model.config.pad_token_id or 0, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
-        # Position j of the completion is predicted by the logits at prompt_len + j - 1.
-        gather_at = torch.zeros(len(rows), width, dtype=torch.long)
-        targets = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width)
         old = torch.zeros(len(rows), width)
         for r, ((prompt, completion), lp) in enumerate(zip(rows, behaviour, strict=True)):
             seq = prompt + completion
             input_ids[r, : len(seq)] = torch.tensor(seq)
             attention[r, : len(seq)] = 1
-            n = len(completion)
-            gather_at[r, :n] = torch.arange(len(prompt) - 1, len(prompt) - 1 + n)
-            targets[r, :n] = torch.tensor(completion)
-            mask[r, :n] = 1
-            old[r, :n] = lp
+            mask[r, : len(completion)] = 1
+            old[r, : len(completion)] = lp
         logits = self.model(input_ids=input_ids, attention_mask=attention).logits
-        picked = logits.gather(1, gather_at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        logprobs = torch.log_softmax(picked.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        per_row = []
+        for r, ((prompt, completion), sampling) in enumerate(zip(rows, samplings, strict=True)):
+            # Position j of the completion is predicted by the logits at prompt_len + j - 1, under the
+            # distribution the engine sampled it from (the behaviour logprobs are of that distribution).
+            n = len(completion)
+            lp = sampled_logprobs(
+                logits[r, len(prompt) - 1 : len(prompt) - 1 + n],
+                torch.tensor(completion, dtype=torch.long),
+                sampling,
+                stop_token_ids=self.stop_token_ids,
+            )
+            per_row.append(torch.cat([lp, lp.new_zeros(width - n)]))
+        logprobs = torch.stack(per_row)
         loss_cfg = self.config.loss_fn
         loss, metrics = clipped_surrogate_loss(
             logprobs, old, advantages, mask, clip_min=loss_cfg.ratio_clip_min, clip_max=loss_cfg.ratio_clip_max
@@ -134,6 +142,22 @@ class Policy:
         state = {k: v.detach().to(dtype).contiguous() for k, v in self.model.state_dict().items()}
         with atomic_write(path) as tmp:
             save_file(state, str(tmp), metadata={"format": "pt"})
+
+
+def min_tokens_stop_ids(model_dir: Path) -> frozenset[int]:
+    """What vLLM masks until ``min_tokens``: the tokenizer's EOS and the generation config's EOS ids
+    (the model config's when there is no generation_config.json, as vLLM falls back)."""
+    ids: set[int] = set()
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    if eos is not None:
+        ids.add(int(eos))
+    try:
+        generation = GenerationConfig.from_pretrained(model_dir)
+    except OSError:
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_dir))
+    more = generation.eos_token_id
+    ids.update([more] if isinstance(more, int) else (more or ()))
+    return frozenset(ids)
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -34,6 +34,10 @@ DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+"""vLLM ``logprobs_mode`` values whose numbers are log-probabilities a loss can use as behaviour logprobs
+(the ``*_logits`` modes report logits, which a snapshot's ``logprobs`` field cannot hold)."""
+
 
 @dataclass(kw_only=True)
 class EngineConfig:
@@ -74,6 +78,12 @@ class EngineConfig:
     """Run the engine core in its own process (vLLM's default). ``False`` runs it in this process,
     which starts faster and uses less memory (tests); it sets ``VLLM_ENABLE_V1_MULTIPROCESSING``
     for the whole process, so all engines of one process must agree."""
+    logprobs_mode: str = "processed_logprobs"
+    """What vLLM reports as a sampled token's logprob. ``processed_logprobs``: under the distribution
+    the token was drawn from (after penalties, temperature, min-p, top-k and top-p), which is what an
+    importance ratio needs. ``raw_logprobs`` (vLLM's own default): the model's unscaled softmax, so a
+    ratio against it is biased whenever temperature != 1 or top-p/top-k cut anything. Recorded in the
+    snapshot's fingerprints; a resume refuses a snapshot of the other kind."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Further ``EngineArgs`` fields, passed through verbatim."""
 
@@ -122,6 +132,12 @@ class EngineConfig:
             raise ConfigError(
                 f"must be a positive integer, got {self.max_num_batched_tokens!r}", field="max_num_batched_tokens"
             )
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(
+                f"must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}",
+                field="logprobs_mode",
+                fix="Use processed_logprobs (the sampled distribution) unless a loss expects raw model logprobs",
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"must be in (0, 1], got {self.gpu_memory_utilization!r}", field="gpu_memory_utilization")
         unknown = set(self.extra) & {f.name for f in dataclasses.fields(self)}
@@ -150,6 +166,7 @@ def engine_kwargs(config: EngineConfig, *, cpu: bool | None = None) -> dict[str,
         enable_prefix_caching=config.enable_prefix_caching,
         seed=config.seed,
         tensor_parallel_size=config.tensor_parallel_size,
+        logprobs_mode=config.logprobs_mode,
     )
     if config.worker_extension_cls:
         kwargs["worker_extension_cls"] = config.worker_extension_cls

@@ -67,10 +67,14 @@ class ResumableEngine:
         capabilities: Capabilities,
         policy_version: int,
         steps: StepCount | None = None,
+        *,
+        sampler: vllm_internals.SamplerKind,
     ) -> None:
         self._llm = llm
         self._config = config
         self._capabilities = capabilities
+        self._sampler = sampler
+        self._max_model_len = int(llm.model_config.max_model_len)
         self._policy_version = policy_version
         self._live: dict[str, LiveRequest] = {}
         self._paused = False
@@ -156,7 +160,9 @@ class ResumableEngine:
         else:
             await llm.collective_rpc("partial_rollout_install_restore")
         await _warm_up(llm)
-        return cls(llm, config, capabilities, policy_version, steps)
+        return cls(
+            llm, config, capabilities, policy_version, steps, sampler=vllm_internals.SamplerKind.from_reports(reports)
+        )
 
     @property
     def policy_version(self) -> int:
@@ -166,7 +172,11 @@ class ResumableEngine:
         return self._capabilities
 
     async def fingerprints(self) -> Fingerprints:
-        """What a snapshot of this engine's work must be resumed with."""
+        """What a snapshot of this engine's work must be resumed with, and what changes a saved prefix's meaning.
+
+        The logprob kind is read from the running engine (an attached engine may have been started
+        with another ``logprobs_mode`` than :class:`EngineConfig`'s default).
+        """
         import vllm
 
         model = self._config.model
@@ -176,6 +186,10 @@ class ResumableEngine:
             vocab_size=int(self._llm.model_config.get_vocab_size()),
             vllm_version=vllm.__version__,
             model_path=str(model),
+            logprobs_kind=str(self._llm.model_config.logprobs_mode),
+            sampler=self._sampler.name,
+            sampler_state_bytes=self._sampler.state_bytes,
+            max_model_len=self._max_model_len,
         )
 
     async def progress(self) -> Progress:
@@ -206,7 +220,14 @@ class ResumableEngine:
 
         Returns a finished record holding the whole completion (prefix and continuation): token
         ids, behaviour logprobs, and the policy version of every token. A record that is already
-        finished, or whose prefix already ends the generation, is returned without engine work.
+        finished, or whose prefix already ends the generation, is returned without engine work; so
+        is one whose prompt + prefix no longer fits this engine's ``max_model_len`` (finished as
+        ``"length"``, with a warning), where vLLM would refuse the request.
+
+        Raises:
+            ValueError: ``resume_from`` is of another sample or sampling, or carries a sampler
+                state this engine cannot restore (checked here: in the worker it would kill the
+                engine core and every request in it).
         """
         if request_id in self._live:
             raise ValueError(f"request id {request_id!r} is already running")
@@ -216,10 +237,19 @@ class ResumableEngine:
         if base is not None:
             if base.index != index:
                 raise ValueError(f"{request_id}: resume_from is sample {base.index}, not {index}")
+            self._check_sampler_state(request_id, base)
             scan = stops.StopScan(sampling, prompt_token_ids=prompt_token_ids, tokenizer=self._tokenizer, eos=self._eos)
             done = continuation.finished_without_engine(base, sampling, scan)
             if done is not None:
                 return done
+            total = len(prompt_token_ids) + base.num_tokens
+            if base.num_tokens and total >= self._max_model_len:
+                warnings.warn(
+                    f"{request_id}: prompt ({len(prompt_token_ids)}) + saved prefix ({base.num_tokens}) = {total} "
+                    f"tokens reach this engine's max_model_len {self._max_model_len}: finished as length-truncated",
+                    stacklevel=2,
+                )
+                return dataclasses.replace(base, state=SampleState.FINISHED, finish_reason="length", sampler_state=None)
             if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
                 record = await self.generate(request_id, prompt_token_ids, sampling, index=index)
                 return dataclasses.replace(record, inexact=base.inexact) if base.inexact else record
@@ -271,6 +301,17 @@ class ResumableEngine:
             return req.finished
         finally:
             del self._live[request_id]
+
+    def _check_sampler_state(self, request_id: str, base: SampleRecord) -> None:
+        state = base.sampler_state
+        if state is None:
+            return
+        where = f"{request_id} (sample {base.index}): resume_from.sampler_state"
+        if base.sampling.is_greedy or base.sampling.seed is None:
+            raise ValueError(f"{where} is set, but only seeded sampling with temperature > 0 has a sampler state")
+        problem = vllm_internals.check_sampler_state(state, self._sampler)
+        if problem is not None:
+            raise ValueError(f"{where} {problem}")
 
     # ---------------------------------------------------------------- checkpoint cut
 

@@ -232,6 +232,52 @@ def shutdown(llm: Any) -> None:
 # ---------------------------------------------------------------- sampler state in requests
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerKind:
+    """The per-request generator of the engine's workers, as the probe found it."""
+
+    device: str
+    """``torch.device`` type of the generators (``cpu``: MT19937, ``cuda``: Philox seed + offset)."""
+    state_bytes: int
+    """Size of one generator state."""
+
+    @property
+    def name(self) -> str:
+        """What a snapshot records (``Fingerprints.sampler``)."""
+        return f"torch.Generator({self.device})"
+
+    @classmethod
+    def from_reports(cls, reports: Sequence[Mapping[str, Any]]) -> SamplerKind:
+        """The workers' common generator kind; they must agree (one request's state may land on any of them)."""
+        kinds = {(str(r.get("generator_device", "cpu")), int(r["generator_state_bytes"])) for r in reports}
+        if len(kinds) != 1:
+            raise RuntimeError(f"the engine's workers report different sampler generators: {sorted(kinds)}")
+        device, size = kinds.pop()
+        return cls(device=device, state_bytes=size)
+
+
+def check_sampler_state(state: object, kind: SamplerKind) -> str | None:
+    """Why ``state`` cannot seed a generator of ``kind``, or ``None`` when it can.
+
+    The restore hook sets the state inside the worker, where a failure kills the engine core with
+    every request in it; so the front end checks it first: its type, its size, and, for CPU
+    generators, that torch accepts it (an MT19937 state has an internal consistency check). A CUDA
+    state is 16 bytes of seed and offset, which torch accepts whatever they hold.
+    """
+    import torch
+
+    if not isinstance(state, bytes):
+        return f"must be bytes, got {type(state).__name__}"
+    if len(state) != kind.state_bytes:
+        return f"is {len(state)} bytes; this engine's {kind.name} states are {kind.state_bytes} bytes"
+    if kind.device == "cpu":
+        try:
+            torch.Generator(device="cpu").set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        except RuntimeError as exc:
+            return f"is not a valid {kind.name} state ({str(exc).splitlines()[0]})"
+    return None
+
+
 def encode_sampler_state(state: bytes) -> dict[str, str]:
     """``SamplingParams.extra_args`` carrying ``state`` to the restore hook (must stay msgpack-able)."""
     return {SAMPLER_STATE_ARG: base64.b64encode(state).decode("ascii")}
@@ -268,10 +314,11 @@ class WorkerHooks:
                 missing.append(key)
         if not callable(_resolve(self, INTERNALS["update_states"].path)):
             missing.append("update_states")
-        device = getattr(runner, "device", "cpu")
+        device = torch.device(getattr(runner, "device", "cpu"))
         return {
             "runner": type(runner).__name__,
             "missing": missing,
+            "generator_device": device.type,
             "generator_state_bytes": int(torch.Generator(device=device).get_state().numel()),
         }
 

@@ -444,12 +444,14 @@ class SnapshotReader:
         mismatches = [m for m in mismatches if not (allow_vllm_change and m == "vllm_version")]
         if mismatches:
             name = mismatches[0]
-            saved = _dotted(self.fingerprints, name)
-            wanted = _dotted(expect, name)
+            saved = _shown(_dotted(self.fingerprints, name))
+            wanted = _shown(_dotted(expect, name))
             raise self._error(
-                f"the snapshot was saved with {saved!r} but this run has {wanted!r}",
+                f"the snapshot was saved with {saved} but this run has {wanted}",
                 f"fingerprints.{name}",
-                fix="Resume with the model, tokenizer and vLLM version the snapshot was written with.",
+                fix=_FIXES.get(
+                    name, "Resume with the model, tokenizer and vLLM version the snapshot was written with."
+                ),
             )
 
     def group(self, group_id: str) -> GroupRecord:
@@ -593,8 +595,22 @@ class SnapshotReader:
         self.close()
 
 
+_FIXES = {
+    "logprobs_kind": "Resume with an engine of the saved kind (EngineConfig.logprobs_mode): a sample's prefix and "
+    "continuation must report logprobs of the same distribution for its importance ratio",
+    "sampler": "Resume on the kind of device the snapshot was written on: a sampler state of one generator kind "
+    "cannot seed another",
+    "sampler_state_bytes": "Resume with the torch build and device the snapshot was written with",
+}
+"""How to fix a mismatch of the fields that are about the engine, not the model."""
+
+
 def _dotted(fingerprints: Fingerprints, name: str) -> str | int | None:
     if name.startswith("extra."):
         return fingerprints.extra.get(name.removeprefix("extra."))
-    value: str | int = getattr(fingerprints, name)
+    value: str | int | None = getattr(fingerprints, name)
     return value
+
+
+def _shown(value: str | int | None) -> str:
+    return "None (not recorded)" if value is None else repr(value)

@@ -464,16 +464,36 @@ class Fingerprints:
     """vLLM version that generated the tokens."""
     model_path: str = ""
     """Where the model was at save time (informational: never compared, used to find the tokenizer)."""
+    logprobs_kind: str | None = None
+    """What the saved behaviour logprobs are (vLLM's ``logprobs_mode``: ``processed_logprobs`` for the
+    distribution sampled from, ``raw_logprobs`` for the unscaled model). Compared: a sample whose
+    prefix holds one kind and continuation the other would mix two distributions in one ratio.
+    ``None``: not recorded (snapshots written before it was)."""
+    sampler: str | None = None
+    """Kind of the per-request sampler generator whose state in-flight samples carry, e.g.
+    ``torch.Generator(cpu)`` (a CPU MT19937) or ``torch.Generator(cuda)`` (Philox seed + offset).
+    Compared: a state of one kind cannot seed the other."""
+    sampler_state_bytes: int | None = None
+    """Size of one such state in bytes (5056 for the CPU generator). Compared with ``sampler``."""
+    max_model_len: int | None = None
+    """The engine's longest prompt + completion at save time. Informational, never compared: a
+    resume under a smaller limit finishes the prefixes that no longer fit as length-truncated."""
     extra: dict[str, str] = field(default_factory=dict)
     """Further identities a trainer wants checked on resume (compared like the fields above)."""
 
-    COMPARED = ("model", "tokenizer", "vocab_size", "vllm_version")
+    COMPARED = ("model", "tokenizer", "vocab_size", "vllm_version", "logprobs_kind", "sampler", "sampler_state_bytes")
     """Fields :meth:`mismatches` compares, besides every key of ``extra``."""
 
     def __post_init__(self) -> None:
         for name in ("model", "tokenizer", "vllm_version", "model_path"):
             setattr(self, name, _text(f"fingerprints.{name}", getattr(self, name)))
         self.vocab_size = _int("fingerprints.vocab_size", self.vocab_size, minimum=1, maximum=INT32_MAX + 1)
+        for name in ("logprobs_kind", "sampler"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _text(f"fingerprints.{name}", getattr(self, name)))
+        for name in ("sampler_state_bytes", "max_model_len"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _int(f"fingerprints.{name}", getattr(self, name), minimum=1, maximum=INT64_MAX))
         if not isinstance(self.extra, Mapping):
             raise ValueError(f"fingerprints.extra must be a dict, got {type(self.extra).__name__}")
         self.extra = {
