@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from partial_rollout.engine import continuation, cut, sampling_options, stops, vllm_internals
+from partial_rollout.engine import continuation, cut, orphan_guard, sampling_options, stops, vllm_internals
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.progress import StepCount, step_logger_factory
@@ -145,7 +144,8 @@ class ResumableEngine:
                 field="worker_extension_cls",
                 fix="Start the engine from with_worker_hooks(config)",
             )
-        reports = await llm.collective_rpc("partial_rollout_probe", kwargs={"frontend_pid": os.getpid()})
+        lifeline = orphan_guard.lifeline().as_dict()
+        reports = await llm.collective_rpc("partial_rollout_probe", kwargs={"lifeline": lifeline})
         capabilities = vllm_internals.decide(
             vllm_internals.vllm_build(), vllm_internals.probe_frontend(llm), reports, trust_untested=trust_untested
         )

@@ -289,18 +289,18 @@ def encode_sampler_state(state: bytes) -> dict[str, str]:
 class WorkerHooks:
     """Mixed into vLLM's worker (``worker_extension_cls``); ``self`` is the worker. Runs through ``collective_rpc``."""
 
-    def partial_rollout_probe(self, frontend_pid: int | None = None) -> dict[str, Any]:
+    def partial_rollout_probe(self, lifeline: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Report which worker internals exist, touching none of them.
 
-        With ``frontend_pid``, also make the engine core exit when that process dies
-        (:mod:`partial_rollout.engine.orphan_guard`).
+        With the front end's ``lifeline`` (:meth:`orphan_guard.Lifeline.as_dict`), also end this
+        worker, and so its engine core, once the front end is gone (:mod:`~partial_rollout.engine.orphan_guard`).
         """
         import torch
 
-        if frontend_pid is not None:
+        if lifeline is not None:
             from partial_rollout.engine import orphan_guard
 
-            orphan_guard.start(frontend_pid)
+            orphan_guard.start(orphan_guard.Lifeline.from_dict(lifeline))
         runner = getattr(self, "model_runner", None)
         try:
             from vllm.v1.worker.gpu_input_batch import CachedRequestState
