@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from snapshot_helpers import data_span, example_snapshot, fingerprints, patch_he
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from partial_rollout.cli import main
+from partial_rollout.engine import exactness
 from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE
 from partial_rollout.fingerprint import tokenizer_fingerprint
 from partial_rollout.snapshot import (
@@ -201,6 +203,25 @@ def test_decode_finds_the_checkpoint_tokenizer(tmp_path: Path, capsys: pytest.Ca
     prefix_tokens = len(tokenizer.encode("h\u00e9llo w\u00f6rld \u2713").ids) + 1
     assert f"--- q-1/0 ({prefix_tokens} tokens, versions 1)" in out
     assert "<|bos|>h\u00e9llo w\u00f6rld \u2713" in out
+
+
+def test_decode_shows_a_version_mix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix that spanned a weight update: its versions and its inexact declaration, in every view."""
+    tokenizer = train_tokenizer(tmp_path / "ckpt", CORPUS)
+    snapshot = text_snapshot(tokenizer, tmp_path / "ckpt")
+    sample = snapshot.groups[0].samples[0]
+    mix = exactness.version_mix(0, 1, 1)
+    versions = np.array([0] * 3 + [1] * (sample.num_tokens - 3), dtype=np.int32)
+    snapshot.groups[0].samples[0] = dataclasses.replace(sample, versions=versions, inexact=mix)
+    save_snapshot(snapshot, tmp_path / "ckpt")
+    _, out, _ = dump(capsys, str(tmp_path / "ckpt"), "--decode")
+    assert f"--- q-1/0 ({sample.num_tokens} tokens, versions 0..1, inexact: {mix})" in out
+    _, out, _ = dump(capsys, str(tmp_path / "ckpt"))
+    row = next(line for line in out.splitlines() if line.startswith("q-1 "))
+    assert row.split()[5] == "0..1" and row.endswith(mix)
+    _, out, _ = dump(capsys, str(tmp_path / "ckpt"), "--request", "q-1/0", "--json")
+    report = json.loads(out)
+    assert report["inexact"] == mix and [t["version"] for t in report["tokens"]] == versions.tolist()
 
 
 def test_request_with_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

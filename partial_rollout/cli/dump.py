@@ -295,9 +295,10 @@ def _format_summary(s: dict[str, Any]) -> str:
     if rows and "text" in rows[0]:
         for row in rows:
             versions = _span(row["versions"])
+            inexact = f", inexact: {_printable(row['inexact'])}" if row["inexact"] else ""
             lines.append(
                 f"--- {_printable(row['group_id'])}/{row['sample']}"
-                f" ({row['prefix_tokens']} tokens, versions {versions})"
+                f" ({row['prefix_tokens']} tokens, versions {versions}{inexact})"
             )
             lines.append(row["text"].translate(_TEXT_ESCAPES))
     elif rows:

@@ -65,10 +65,26 @@ def in_flight_record(
     if req.sampling.is_greedy or req.sampling.seed is None or not capabilities.exact:
         sampler_state = None
     record = req.record(SampleState.IN_FLIGHT, count, sampler_state=sampler_state)
-    reason = record.inexact or exactness.inexact_reason(
-        req.sampling,
-        num_tokens=consumed,
-        sampler_state=sampler_state,
-        capture_unsupported=capabilities.reason,
+    reason = (
+        record.inexact
+        or exactness.inexact_reason(
+            req.sampling,
+            num_tokens=consumed,
+            sampler_state=sampler_state,
+            capture_unsupported=capabilities.reason,
+        )
+        or _spanned_update(req, record)
     )
     return record if reason == record.inexact else dataclasses.replace(record, inexact=reason)
+
+
+def _spanned_update(req: LiveRequest, record: SampleRecord) -> str | None:
+    """The version mix of a request that ran across a weight update: its KV was computed under more than
+    one policy (its prompt's under the first, which no token's version shows), and a resume re-prefills
+    all of it under one."""
+    weights = {version for version, _ in req.version_starts}
+    if len(weights) < 2:
+        return None
+    lo = min(min(weights), int(record.versions.min()))
+    hi = max(max(weights), int(record.versions.max()))
+    return exactness.version_mix(lo, hi, req.version_starts[-1][0])
