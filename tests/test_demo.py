@@ -1,102 +1,82 @@
-"""The demo's report: the side-by-side table and the plot, from audits of real event logs.
+"""The demo itself, on the short config: real trainer processes, SIGKILL, resume, audits of their own event logs.
 
-The demo itself (four trainer processes, ~4 minutes) is what the README's main job runs; these
-tests check what it prints and writes from an audit, and that the subcommands register.
+``partial-rollout demo --config configs/fast.yaml`` trains the tiny model twice side by side
+(partial rollouts on and off), kills each run after a save and resumes it. Every assertion reads
+what the demo wrote (``audit.json``, ``events.jsonl``, the plots); nothing here is scripted.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import json
+from typing import Any
+
+import pytest
 
 from partial_rollout.cli import demo, train
-from partial_rollout.ledger import EventLog, WorkLedger, audit
-from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec
+from partial_rollout.ledger import EVENTS_FILENAME, audit
+from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
 
-FP = Fingerprints(model="sha256:m", tokenizer="sha256:t", vocab_size=512, vllm_version="0.32.0")
-SPEC = SamplingSpec(max_tokens=8, seed=1)
-
-
-def _log(folder: Path, *, keep: set[GroupState]) -> dict:
-    """Train 8 steps with a kill after step 4's save; the resumed process restores what ``keep`` saved."""
-    folder.mkdir()
-    path = folder / "events.jsonl"
-    ledger = WorkLedger(EventLog(path, fresh=True))
-    ledger.record_start()
-    done = SampleRecord(
-        index=0,
-        state=SampleState.FINISHED,
-        sampling=SPEC,
-        token_ids=[5] * 8,
-        logprobs=[-1.0] * 8,
-        versions=[0] * 8,
-        finish_reason="length",
-        reward=0.5,
-    )
-    ids = iter(range(100))
-
-    def step(ledger: WorkLedger, n: int) -> None:
-        for _ in range(2):
-            gid = f"e0:{next(ids)}"
-            ledger.yield_group(gid, [0, 401], [SPEC])
-            ledger.dispatch(gid, n)
-            ledger.finish(gid, done)
-            ledger.consume([gid], step=n)
-        ledger.log("train_step", step=n, reward=0.2 + 0.05 * n, tokens_per_s=1000.0)
-
-    for n in range(1, 5):
-        step(ledger, n)
-    ledger.yield_group("e0:flying", [0, 401], [SPEC])
-    ledger.dispatch("e0:flying", 4)
-    ledger.capture(
-        {
-            "e0:flying/0": SampleRecord(
-                index=0,
-                state=SampleState.IN_FLIGHT,
-                sampling=SPEC,
-                token_ids=[5, 6, 7],
-                logprobs=[-1.0] * 3,
-                versions=[4] * 3,
-            )
-        }
-    )
-    (folder / "step_4").mkdir()
-    ledger.save(folder / "step_4", trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states=keep)
-    step(ledger, 5)  # rolled back by the kill
-    ledger.events.close()
-    resumed = WorkLedger(EventLog(path))
-    resumed.load(folder / "step_4")
-    resumed.record_resume(step=4)
-    for group in list(resumed.groups(GroupState.IN_FLIGHT)):
-        resumed.finish(group.group_id, done, prefix_tokens=3)
-    for n in range(5, 9):
-        step(resumed, n)
-    resumed.record_end(step=8)
-    report = audit(path).to_json()
-    report["wall_s"] = 1.0
-    return report
+FAST = CONFIG_DIR / "fast.yaml"
+CFG = load_config(FAST)
+SEED = 3
 
 
-def test_table_shows_each_column_from_its_own_audit(tmp_path: Path) -> None:
-    results = {
-        "on": _log(tmp_path / "on", keep=set(GroupState)),
-        "off": _log(tmp_path / "off", keep={GroupState.READY}),
-    }
-    table = demo.format_table(results)
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("demo")
+    args = argparse.Namespace(out=str(out), seed=SEED, steps=None, config=str(FAST))
+    code = demo.run(args)
+    return {"code": code, "out": out, "results": json.loads((out / "audit.json").read_text())}
+
+
+@pytest.mark.engine
+def test_the_demo_passes_and_its_numbers_are_the_audits_of_its_own_logs(ran: dict[str, Any]) -> None:
+    assert ran["code"] == 0
+    for name in ("on", "off"):
+        run_dir = ran["out"] / f"partial_rollouts_{name}"
+        written = json.loads((run_dir / "audit.json").read_text())
+        assert written == ran["results"][name]
+        recomputed = audit(run_dir / EVENTS_FILENAME).to_json()
+        assert {k: v for k, v in written.items() if k in recomputed} == recomputed
+        assert [p["killed"] for p in written["processes"]] == [True, False]
+        assert (run_dir / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.engine
+def test_partial_rollouts_on_lose_nothing_and_continue_saved_prefixes(ran: dict[str, Any]) -> None:
+    on = ran["results"]["on"]
+    assert demo.verdict(on) is None
+    assert on["complete"] and on["lost"] == 0 and on["duplicated"] == 0 and on["stranded"] == 0
+    assert on["cursor_mismatches"] == []
+    (resume,) = on["resumes"]
+    assert resume["saved_by_state"] == resume["outstanding_at_save_by_state"]  # the whole cut was saved
+    assert 0 < on["tokens_continued"] <= resume["prefix_tokens_at_save"]
+    assert on["trained"] == CFG.grpo.max_num_steps * CFG.grpo.num_prompts_per_step
+
+
+@pytest.mark.engine
+def test_partial_rollouts_off_lose_what_was_pending_and_in_flight(ran: dict[str, Any]) -> None:
+    off = ran["results"]["off"]
+    (resume,) = off["resumes"]
+    outstanding, saved = resume["outstanding_at_save_by_state"], resume["saved_by_state"]
+    # NeMo RL's save: ready groups only. Pending and in-flight prompts are behind the cursor and gone.
+    assert saved == {"pending": 0, "in_flight": 0, "ready": outstanding["ready"]}
+    assert off["lost"] == resume["lost"] == outstanding["pending"] + outstanding["in_flight"] > 0
+    assert off["lost"] <= CFG.grpo.num_prompts_per_step + CFG.async_rl.max_inflight_prompts  # one batch + in flight
+    assert off["duplicated"] == 0 and off["tokens_continued"] == 0
+    assert demo.verdict(off) is not None
+
+
+@pytest.mark.engine
+def test_the_table_shows_each_run_from_its_audit(ran: dict[str, Any]) -> None:
+    results = ran["results"]
+    table = demo.format_table({"on": results["on"], "off": results["off"]})
     lines = {line[:38].strip(): line[38:].split() for line in table.splitlines() if line[:38].strip()}
-    assert lines["LOST"] == ["0", "1"]
-    assert lines["DUPLICATED"] == ["0", "0"]
-    assert lines["prompts yielded"] == ["17", "17"]  # 8 + 1 before the save, 8 after; the rolled-back 2 do not count
-    assert lines["tokens continued from prefixes"] == ["3", "0"]
-    assert lines["of which saved  pend/fly/ready"] == ["0/1/0", "0/0/0"]
-    assert lines["reward first 4 -> last 4 steps"] == ["0.33", "->", "0.53", "0.33", "->", "0.53"]
-    assert "reward curve (on, mean of 4 steps): 0.33 0.53" in table
-
-
-def test_plot_writes_a_png(tmp_path: Path) -> None:
-    report = _log(tmp_path / "on", keep=set(GroupState))
-    demo._plot(report, tmp_path / "reward.png", title="t")
-    assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert lines["LOST"] == ["0", str(results["off"]["lost"])]
+    assert lines["STRANDED (restored, never finished)"][0] == "0"
+    assert lines["tokens continued from prefixes"] == [str(results["on"]["tokens_continued"]), "0"]
+    assert lines["prompts trained"] == [str(results["on"]["trained"]), str(results["off"]["trained"])]
 
 
 def test_subcommands_register_with_a_run_function() -> None:
@@ -104,7 +84,7 @@ def test_subcommands_register_with_a_run_function() -> None:
     sub = parser.add_subparsers(dest="command")
     demo.register(sub)
     train.register(sub)
-    args = parser.parse_args(["demo", "--out", "x", "--seed", "3"])
-    assert args.func is demo.run and (args.out, args.seed) == ("x", 3)
+    args = parser.parse_args(["demo", "--out", "x", "--seed", "3", "--config", "c.yaml"])
+    assert args.func is demo.run and (args.out, args.seed, args.config) == ("x", 3, "c.yaml")
     args = parser.parse_args(["train", "c.yaml", "grpo.max_num_steps=3", "--resume"])
     assert args.func is train.run and args.overrides == ["grpo.max_num_steps=3"] and args.resume

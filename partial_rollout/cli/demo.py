@@ -5,8 +5,10 @@ For each setting of ``checkpointing.partial_rollouts.enabled`` the reference asy
 process, is killed with SIGKILL at a random moment after a save, and is resumed from its latest
 checkpoint to the end. Both runs use the same seed and the same kill plan, and run side by side. Then the demo audits
 each run from its ``events.jsonl`` alone and prints them side by side: prompts yielded, trained,
-evicted on purpose, lost, duplicated; what was in flight at the save; tokens continued versus
-regenerated; the reward curve.
+evicted on purpose, lost, duplicated, stranded (restored in flight but never finished); whether
+the resumed loader yielded what the killed one did; what was in flight at the save; tokens
+continued versus regenerated; the reward curve. The exit status is 0 only when the run with partial
+rollouts on passes (:func:`verdict`).
 
 Under ``--out`` (default ``runs/demo``), per run: ``events.jsonl``, ``audit.json``,
 ``reward.png`` (reward and generation throughput per step), the checkpoints and the trainer log;
@@ -41,6 +43,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo; replaced if it exists)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the sampling and the kill moment")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: the config's)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="trainer config (default: the reference trainer's configs/demo.yaml; configs/fast.yaml is a short run)",
+    )
     p.set_defaults(func=run)
 
 
@@ -54,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     out = Path(args.out)
-    config_path = CONFIG_DIR / "demo.yaml"
+    config_path = Path(args.config) if args.config else CONFIG_DIR / "demo.yaml"
     base = [f"grpo.seed={args.seed}"] + ([f"grpo.max_num_steps={args.steps}"] if args.steps else [])
     config = load_config(config_path, base)
     print(f"tiny model: {build_tiny_model(TinyModelSpec(arch='llama'))}")
@@ -101,7 +108,20 @@ def run(args: argparse.Namespace) -> int:
     (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plan": vars(plan), **results}, indent=2))
     print(format_table(results))
     print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")
-    return 0 if results["on"]["lost"] == 0 and results["on"]["duplicated"] == 0 else 1
+    return 0 if verdict(results["on"]) is None else 1
+
+
+def verdict(report: dict[str, Any]) -> str | None:
+    """Why a run with partial rollouts on failed its audit (None: it passed).
+
+    Nothing lost, duplicated or stranded, the resumed loader yielded what the killed one did, and
+    the resume continued saved prefixes (tokens continued > 0)."""
+    problems = [f"{key} {report[key]}" for key in ("lost", "duplicated", "stranded") if report[key]] + [
+        f"loader cursor mismatch {m}" for m in report["cursor_mismatches"]
+    ]
+    if report["resumes"] and report["resumes"][0]["prefix_tokens_at_save"] and not report["tokens_continued"]:
+        problems.append("no saved prefix was continued")
+    return "; ".join(problems) or None
 
 
 def _rewards(report: dict[str, Any]) -> list[float]:
@@ -133,6 +153,8 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
         ("untrained at the end (not lost)", lambda r: r["outstanding_at_end"]),
         ("LOST", lambda r: r["lost"]),
         ("DUPLICATED", lambda r: r["duplicated"]),
+        ("STRANDED (restored, never finished)", lambda r: r["stranded"]),
+        ("loader cursor as before the kill", lambda r: "no" if r["cursor_mismatches"] else "yes"),
         ("resumed from step", lambda r: resumed(r, "step")),
         ("at that save: groups pend/fly/ready", lambda r: by_state(r, "outstanding_at_save_by_state")),
         ("  of which saved  pend/fly/ready", lambda r: by_state(r, "saved_by_state")),
