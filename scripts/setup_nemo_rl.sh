@@ -12,7 +12,8 @@
 # - ray[default] at exactly .venv's Ray version (a Ray driver and its actors must run the same Ray);
 # - partial-rollout itself, editable and without dependencies: the controller side uses our snapshot
 #   and ledger code, which imports without vLLM (the script checks that vLLM is absent);
-# - below Python 3.12 only, integrations/nemo_rl/typing_shim_py311.pth (why: in that file).
+# - below Python 3.12 only, integrations/nemo_rl/nemo_rl_py311.py and the .pth file that imports it at
+#   every interpreter start: typing.TypedDict and asyncio.wait_for as of 3.12 (why: in that module).
 # NeMo RL itself is not installed: it runs from its checkout on PYTHONPATH. NEMO_RL_SRC defaults to
 # ../shared/third_party/nemo-rl (from the repository root) when that folder exists; with a checkout,
 # the script ends by importing nemo_rl.algorithms.single_controller in the new venv.
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 VENV=.venv-nemo-rl
 ENGINE_VENV=.venv
 REQUIREMENTS=integrations/nemo_rl/requirements-controller.txt
-SHIM=integrations/nemo_rl/typing_shim_py311.pth
+SHIM=(integrations/nemo_rl/nemo_rl_py311.py integrations/nemo_rl/nemo_rl_py311.pth)
 STAMP="$VENV/.nemo-rl-controller-installed"
 
 if [[ -n "${NEMO_RL_SRC:-}" ]]; then
@@ -52,7 +53,7 @@ print(sys._base_executable, "%d.%d.%d" % sys.version_info[:3], importlib.metadat
   exit 1
 fi
 
-WANT="python $PY_VERSION ray $RAY_VERSION $(cat "$REQUIREMENTS" pyproject.toml "$SHIM" scripts/setup_nemo_rl.sh | sha256sum | cut -c1-16)"
+WANT="python $PY_VERSION ray $RAY_VERSION $(cat "$REQUIREMENTS" pyproject.toml "${SHIM[@]}" scripts/setup_nemo_rl.sh | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   echo "setup-nemo-rl: $VENV is up to date (python $PY_VERSION, ray $RAY_VERSION)"
   exit 0
@@ -77,10 +78,11 @@ fi
 "${PIP[@]}" --no-deps -e .
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for file in "${SHIM[@]}"; do
+  rm -f "$SITE/$(basename "$file")"
+done
 if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
-  cp "$SHIM" "$SITE/"
-else
-  rm -f "$SITE/$(basename "$SHIM")"
+  cp "${SHIM[@]}" "$SITE/"
 fi
 
 "$VENV/bin/python" - "$RAY_VERSION" <<'PY'

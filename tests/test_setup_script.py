@@ -152,7 +152,8 @@ def nemo_rl_repo(tmp_path: Path, version: str = "3.11.7") -> Path:
     for name in (
         "scripts/setup_nemo_rl.sh",
         "integrations/nemo_rl/requirements-controller.txt",
-        "integrations/nemo_rl/typing_shim_py311.pth",
+        "integrations/nemo_rl/nemo_rl_py311.py",
+        "integrations/nemo_rl/nemo_rl_py311.pth",
     ):
         (repo / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, repo / name)
@@ -187,8 +188,9 @@ def test_nemo_rl_setup_installs_the_pins_with_the_engine_venvs_ray_and_is_cheap_
     assert any("-r integrations/nemo_rl/requirements-controller.txt ray[default]==2.60.0" in c for c in pip), pip
     assert any(c.endswith("--no-deps -e .") for c in pip), pip
     assert f"import nemo_rl with PYTHONPATH={checkout}" in calls
-    shim = repo / ".venv-nemo-rl" / "site-packages" / "typing_shim_py311.pth"
-    assert shim.read_text() == (REPO / "integrations" / "nemo_rl" / "typing_shim_py311.pth").read_text()
+    for name in ("nemo_rl_py311.py", "nemo_rl_py311.pth"):
+        shim = repo / ".venv-nemo-rl" / "site-packages" / name
+        assert shim.read_text() == (REPO / "integrations" / "nemo_rl" / name).read_text()
 
     again = run_setup_nemo_rl(repo, checkout)
     assert again.returncode == 0, again.stderr
@@ -202,12 +204,12 @@ def test_nemo_rl_setup_installs_the_pins_with_the_engine_venvs_ray_and_is_cheap_
     assert len([c for c in (tmp_path / "calls.log").read_text().splitlines() if c.startswith("pip ")]) == 2 * len(pip)
 
 
-def test_nemo_rl_setup_adds_the_typing_shim_only_below_python_3_12(tmp_path: Path) -> None:
+def test_nemo_rl_setup_adds_the_py311_shim_only_below_python_3_12(tmp_path: Path) -> None:
     repo = nemo_rl_repo(tmp_path, version="3.12.3")
     result = run_setup_nemo_rl(repo)
     assert result.returncode == 0, result.stderr
     assert (repo / ".venv-nemo-rl" / ".nemo-rl-controller-installed").is_file()
-    assert not (repo / ".venv-nemo-rl" / "site-packages" / "typing_shim_py311.pth").exists()
+    assert not list((repo / ".venv-nemo-rl" / "site-packages").glob("nemo_rl_py311*"))
     assert "import nemo_rl" not in (tmp_path / "calls.log").read_text()  # no checkout, no import check
 
 
