@@ -25,9 +25,9 @@ def test_check_resume_reports_exact_matches(tmp_path: Path, tiny_qwen2: Path) ->
             "--requests",
             "9",
             "--max-tokens",
-            "96",
+            "256",
             "--seed",
-            "4",
+            "22",  # the cut lands after a few samples finished: they must not count as continued
             "--keep",
             str(tmp_path),
         ],
@@ -35,16 +35,29 @@ def test_check_resume_reports_exact_matches(tmp_path: Path, tiny_qwen2: Path) ->
         text=True,
         timeout=600,
     )
+    print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    m = re.search(r"exact: (\d+)/(\d+) matched token for token .*; (\d+) declared inexact; (\d+) diverged", proc.stdout)
+    floor = re.search(
+        r"noise floor: (\d+)/(\d+) samples token-identical .*; max \|logprob diff\| ([0-9.e-]+)", proc.stdout
+    )
+    assert floor, proc.stdout
+    assert int(floor.group(2)) == 9 and float(floor.group(3)) >= 0.0
+    m = re.search(
+        r"continued: (\d+)/(\d+) in-flight samples token-identical .*; (\d+) declared inexact; (\d+) diverged",
+        proc.stdout,
+    )
     assert m, proc.stdout
-    matched, total, declared, diverged = map(int, m.groups())
-    assert matched == total and total + declared == 9 and diverged == 0
-    assert re.search(r"engine paused [0-9.]+ ms", proc.stdout)
-    # the snapshot the killed process left behind is intact and holds real prefixes
+    matched, checked, declared, diverged = map(int, m.groups())
+    # only samples in flight with a prefix at the cut count as continued: the snapshot the killed
+    # process left behind says which they were, and it is intact and holds real prefixes
     snapshot = load_snapshot(tmp_path)
-    prefixes = [s.num_tokens for _, s in snapshot.iter_samples(SampleState.IN_FLIGHT)]
+    prefixes = [s.num_tokens for _, s in snapshot.iter_samples(SampleState.IN_FLIGHT) if s.num_tokens > 0]
     assert prefixes and sum(prefixes) > 0
+    assert checked + declared == len(prefixes) < 9, (proc.stdout, prefixes)
+    assert matched == checked and diverged == 0
+    assert f"cut: {len(prefixes)} of 9 samples in flight with a prefix ({sum(prefixes)} prefix tokens)" in proc.stdout
+    assert re.search(r"engine paused [0-9.]+ ms", proc.stdout)
+    assert "verdict: exact" in proc.stdout
 
 
 def test_check_resume_bad_model_is_one_line(tmp_path: Path) -> None:

@@ -1,16 +1,21 @@
 """``partial-rollout check-resume``: prove exact resume on your own model and engine before trusting it.
 
-Runs one workload three times, each in its own process with its own engine:
+Runs one workload in three processes, each with its own engine:
 
-1. *reference*: uninterrupted;
+1. *reference*: uninterrupted, every sample submitted together; then the same workload again,
+   uninterrupted, submitted one by one in reverse order (other batches, prefills sharing steps
+   with decodes): the **noise floor**, how often and how far two uninterrupted runs differ on this
+   model and engine, since vLLM's kernels are not batch-invariant;
 2. *cut*: the same requests, a checkpoint cut at a random moment (keep-mode pause, sampler state
    captured), the snapshot written, then the process and its engine are killed with SIGKILL;
 3. *resume*: a fresh engine loads the snapshot and continues every sample from its prefix.
 
-It then compares each stitched completion with the reference, token by token and logprob by
-logprob (within ``--logprob-atol``, the engine's own batch-composition numerics), and prints how many
-matched, the first divergence of any that did not, and the pause time.
-Exit status 0 only when every sample not declared inexact matched.
+It then compares each sample that was in flight with a prefix at the cut (the only ones that are
+*continued*) with the reference, token by token and logprob by logprob, next to the noise floor,
+and prints the first divergence of any that did not match, and the pause time. Exit status 0
+when no continued sample diverged, or when they diverged no more often than the two uninterrupted
+runs did; 1 when continuing diverged more often (beyond the noise floor), or when no sample was in
+flight at the cut (nothing was checked).
 
 Usage::
 
@@ -34,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from partial_rollout.engine.exactness import BATCH_LOGPROB_TOLERANCE
 from partial_rollout.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 
 _RESULT = "result.json"
@@ -52,10 +56,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--logprob-atol",
         type=float,
-        default=BATCH_LOGPROB_TOLERANCE,
-        help="largest |logprob difference| still counted as a match (default %(default)s). vLLM kernels are "
-        "not batch-invariant: a request's logprobs move in the last bits with the batch it shares "
-        "a step with, in uninterrupted runs too. 0 demands bit-identity",
+        default=None,
+        help="largest |logprob difference| of a token-identical sample reported as within the engine's numerics "
+        "(default: the noise floor measured in this run). vLLM kernels are not batch-invariant: a request's "
+        "logprobs move in the last bits with the batch it shares a step with, in uninterrupted runs too",
     )
     p.set_defaults(func=run)
 
@@ -108,6 +112,14 @@ async def _role(args: argparse.Namespace) -> None:
     if args.role == "reference":
         records = await asyncio.gather(*[engine.generate(r, p, s, index=0) for r, (p, s) in work.items()])
         results = {r: rec for r, rec in zip(work, records, strict=True)}
+        # The noise floor: the same workload again, uninterrupted, in other batches: submitted one
+        # by one in reverse order, so prefills share steps with decodes (as resumed prefixes do).
+        await engine.reset_prefix_cache()
+        again = {}
+        for rid in reversed(work):
+            again[rid] = asyncio.ensure_future(engine.generate(f"floor/{rid}", *work[rid], index=0))
+            await asyncio.sleep(0.01)
+        results["__floor__"] = {rid: _as_json(await again[rid]) for rid in work}
     elif args.role == "cut":
         tasks = {}
         for rid, (prompt, spec) in work.items():
@@ -154,16 +166,13 @@ async def _role(args: argparse.Namespace) -> None:
         results["__cut__"] = {rid: [rec.state.value, rec.num_tokens, rec.inexact] for rid, (_, rec) in saved.items()}
         results["__pause_s__"] = snapshot.metadata["pause_s"]
     (out / f"{args.role}-{_RESULT}").write_text(
-        json.dumps(
-            {
-                k: v
-                if k.startswith("__")
-                else {"tokens": v.token_ids.tolist(), "logprobs": v.logprobs.tolist(), "inexact": v.inexact}
-                for k, v in results.items()
-            }
-        )
+        json.dumps({k: v if k.startswith("__") else _as_json(v) for k, v in results.items()})
     )
     await engine.shutdown()
+
+
+def _as_json(rec: Any) -> dict[str, Any]:
+    return {"tokens": rec.token_ids.tolist(), "logprobs": rec.logprobs.tolist(), "inexact": rec.inexact}
 
 
 def _child(args: argparse.Namespace, role: str, workdir: Path) -> list[str]:
@@ -226,45 +235,84 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(role)
             _run_child(_child(args, role, workdir), workdir / f"{role}.log", kill_after_save=kill)
     ref = json.loads((workdir / f"reference-{_RESULT}").read_text())
+    floor_runs = ref.pop("__floor__")
     res = json.loads((workdir / f"resume-{_RESULT}").read_text())
     cut = res.pop("__cut__")
     pause_s = res.pop("__pause_s__")
-    bitwise, within, declared, diverged = 0, 0, 0, []
+
+    floor = [_compare(floor_runs[rid], want) for rid, want in ref.items()]
+    floor_diverged = sum(pos is not None for pos, _ in floor)
+    floor_worst = max(worst for _, worst in floor)
+    atol = floor_worst if args.logprob_atol is None else args.logprob_atol
+    # Only a sample in flight with a prefix at the cut is continued; the others come back finished
+    # (done before the cut) or restart from scratch, and tell nothing about continuing.
+    continued = [rid for rid, (state, k, _) in cut.items() if state == "in_flight" and k > 0]
+    declared = [rid for rid in continued if res[rid]["inexact"]]
+    bitwise, within, beyond, diverged = 0, 0, 0, []
     worst = 0.0
-    for rid, want in ref.items():
-        got = res[rid]
-        if got["inexact"]:
-            declared += 1
+    for rid in continued:
+        if res[rid]["inexact"]:
             continue
-        a, b = np.asarray(got["tokens"]), np.asarray(want["tokens"])
-        n = min(len(a), len(b))
-        if len(a) != len(b) or (a != b).any():
-            pos = int(np.flatnonzero(a[:n] != b[:n])[0]) if (a[:n] != b[:n]).any() else n
-            diverged.append((rid, cut[rid][1], pos, "token"))
-            continue
-        diff = np.abs(np.asarray(got["logprobs"]) - np.asarray(want["logprobs"]))
-        worst = max(worst, float(diff.max(initial=0.0)))
-        if not diff.any():
+        pos, diff = _compare(res[rid], ref[rid])
+        worst = max(worst, diff)
+        if pos is not None:
+            diverged.append((rid, cut[rid][1], pos))
+        elif diff == 0.0:
             bitwise += 1
-        elif diff.max() <= args.logprob_atol:
+        elif diff <= atol:
             within += 1
         else:
-            diverged.append((rid, cut[rid][1], int(np.flatnonzero(diff > args.logprob_atol)[0]), "logprob"))
-    in_flight = sum(1 for state, k, _ in cut.values() if state == "in_flight")
-    prefix = sum(k for _, k, _ in cut.values())
+            beyond += 1
+    others = [rid for rid in ref if rid not in continued]
+    others_same = sum(_compare(res[rid], ref[rid])[0] is None for rid in others)
+    checked = len(continued) - len(declared)
+    finished = sum(1 for rid in others if cut[rid][0] == "finished")
+    prefix = sum(cut[rid][1] for rid in continued)
     print(
-        f"cut: {in_flight} of {len(cut)} samples in flight, {prefix} prefix tokens; engine paused "
-        f"{pause_s * 1000:.1f} ms; total {time.perf_counter() - started:.0f} s"
+        f"cut: {len(continued)} of {len(cut)} samples in flight with a prefix ({prefix} prefix tokens), {finished} "
+        f"finished before it, {len(others) - finished} not started; engine paused {pause_s * 1000:.1f} ms; "
+        f"total {time.perf_counter() - started:.0f} s"
     )
     print(
-        f"exact: {bitwise + within}/{len(ref) - declared} matched token for token ({bitwise} also bit-identical "
-        f"in every logprob, {within} within {args.logprob_atol} - the engine's batch-composition numerics; "
-        f"max |logprob diff| {worst:.3g}); {declared} declared inexact; {len(diverged)} diverged"
+        f"noise floor: {len(ref) - floor_diverged}/{len(ref)} samples token-identical between two uninterrupted runs "
+        f"in different batches; max |logprob diff| {floor_worst:.3g}"
     )
-    for rid, k, pos, kind in diverged[:5]:
-        print(f"  {rid}: cut at {k} tokens, first {kind} divergence at position {pos}")
+    print(
+        f"continued: {checked - len(diverged)}/{checked} in-flight samples token-identical to the uninterrupted run "
+        f"({bitwise} also bit-identical in every logprob, {within} within {atol:.3g}, {beyond} beyond it; max |logprob "
+        f"diff| {worst:.3g}); {len(declared)} declared inexact; {len(diverged)} diverged"
+    )
+    print(f"not continued (finished before the cut or restarted): {others_same}/{len(others)} token-identical")
+    for rid, k, pos in diverged[:5]:
+        print(f"  {rid}: cut at {k} tokens, first token divergence at position {pos}")
+    # Tokens decide: two uninterrupted runs already differ this often, so continuing is held to
+    # that rate, not to zero. Logprobs beyond the floor are reported, not failed: the prefix is
+    # prefilled where the uninterrupted run decoded it, which moves logprobs in the last bits.
+    beyond_floor = bool(diverged) and len(diverged) / checked > floor_diverged / len(ref)
+    verdict = (
+        "nothing checked: no sample was in flight with a prefix at the cut (a loaded machine lets the engine "
+        "run ahead of the cut); rerun, or raise --max-tokens"
+        if not checked
+        else "exact: every continued sample token-identical"
+        if not diverged
+        else "BEYOND the noise floor: continuing diverged more often than two uninterrupted runs"
+        if beyond_floor
+        else "within the noise floor: continuing diverged no more often than two uninterrupted runs"
+    )
+    print(f"verdict: {verdict}")
     print(f"work folder: {workdir}")
-    return EXIT_OK if not diverged else EXIT_FAILURE
+    return EXIT_FAILURE if beyond_floor or not checked else EXIT_OK
+
+
+def _compare(got: dict[str, Any], want: dict[str, Any]) -> tuple[int | None, float]:
+    """(first position whose token differs, or None; largest |logprob diff| before it)."""
+    a, b = np.asarray(got["tokens"]), np.asarray(want["tokens"])
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    pos = int(differ[0]) if len(differ) else (None if len(a) == len(b) else n)
+    upto = n if pos is None else pos
+    diff = np.abs(np.asarray(got["logprobs"][:upto]) - np.asarray(want["logprobs"][:upto]))
+    return pos, float(diff.max(initial=0.0))
 
 
 def main() -> None:
