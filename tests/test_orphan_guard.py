@@ -79,6 +79,15 @@ def _children(pid: int) -> list[int]:
     return [p for p, (pp, _) in _processes().items() if pp == pid]
 
 
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
 def _alive(pid: int) -> bool:
     return pid in _processes()
 
@@ -173,16 +182,19 @@ def test_engine_core_in_a_ray_actor_exits_when_the_actor_is_killed(
         assert _processes()[host][1].startswith("ray::_EngineHost")
         cores = [p for p in _children(host) if "EngineCore" in _processes()[p][1]]
         assert cores, "expected a VLLM::EngineCore child of the actor process"
+        tree = _descendants(host)  # the engine core, its worker process, multiprocessing's resource tracker
+        assert any(p in _descendants(cores[0]) for p in tree), "expected the engine core's worker process"
 
         # alive front end: the guard stays quiet, and the engine keeps serving
         time.sleep(5)
         done = loop_thread.run(
             pool.generate("alive", [5, 6, 7], SamplingSpec(max_tokens=4, temperature=0.0, ignore_eos=True), index=0)
         )
-        assert done.num_tokens == 4 and all(_alive(p) for p in cores)
+        assert done.num_tokens == 4 and all(_alive(p) for p in tree)
 
         os.kill(host, signal.SIGKILL)
         assert not _wait_gone(cores, 30), "the engine core outlived the Ray actor holding its front end"
+        assert not _wait_gone(tree, 10), "a process of the engine outlived the Ray actor"
         assert ray.get(bystander.pid.remote()) == bystander_pid, "another Ray worker was ended"
     finally:
         ray.shutdown()
