@@ -1,0 +1,76 @@
+"""The ``checkpointing.partial_rollouts`` block of a NeMo RL config.
+
+It sits under ``checkpointing`` (a ``TypedDict`` inside NeMo RL's ``extra="allow"`` master config,
+so NeMo RL's validation keeps it) and not under ``rollout_checkpointing``, whose block forbids
+unknown keys. Like NeMo RL's own durability blocks it refuses keys it does not know: a misspelled
+``enabeld`` must fail at set-up, not silently turn durability off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from partial_rollout.errors import ConfigError
+
+BLOCK = "checkpointing.partial_rollouts"
+"""Where the block lives in a NeMo RL config, for error messages."""
+
+OnStale = Literal["continue", "regenerate", "drop"]
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PartialRolloutsConfig:
+    enabled: bool = False
+    """Save one consistent cut of all outstanding work at every checkpoint (in-flight prefixes,
+    finished siblings, prompts yielded but not dispatched) and continue it on resume. Off: NeMo RL
+    runs exactly as without this package."""
+    on_stale: OnStale = "continue"
+    """A restored group whose dispatch version NeMo RL's sampler would abort as stale at the resume
+    version: ``continue`` it anyway (the sampler may still evict it once it is ready),
+    ``regenerate`` it from scratch, or ``drop`` it (an eviction with reason ``stale_at_resume``)."""
+    record_events: bool = False
+    """Write the work ledger's ``events.jsonl`` even with ``enabled: false``, changing nothing else:
+    how the loss of prompts at a restart is counted on unmodified NeMo RL."""
+    events_path: str | None = None
+    """Where ``events.jsonl`` goes; default ``<checkpoint_dir>/partial_rollouts/events.jsonl`` (it
+    spans restarts, which NeMo RL's per-run log folders do not)."""
+    allow_vllm_change: bool = False
+    """Resume a snapshot written under another vLLM version (in-flight samples continue without
+    their sampler states, declared inexact). Off, such a resume fails naming both versions."""
+
+    def __post_init__(self) -> None:
+        for name in ("enabled", "record_events", "allow_vllm_change"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"must be true or false, got {getattr(self, name)!r}", field=f"{BLOCK}.{name}")
+        if self.on_stale not in get_args(OnStale):
+            raise ConfigError(
+                f"must be one of {', '.join(get_args(OnStale))}, got {self.on_stale!r}", field=f"{BLOCK}.on_stale"
+            )
+        if self.events_path is not None and not (isinstance(self.events_path, str) and self.events_path):
+            raise ConfigError(f"must be a file path, got {self.events_path!r}", field=f"{BLOCK}.events_path")
+
+    @property
+    def active(self) -> bool:
+        """Whether anything of ours is installed in the run."""
+        return self.enabled or self.record_events
+
+    @classmethod
+    def from_checkpointing(cls, checkpointing: Mapping[str, Any] | None) -> PartialRolloutsConfig:
+        """The block from NeMo RL's ``checkpointing`` section (absent means off)."""
+        raw = (checkpointing or {}).get("partial_rollouts")
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"must be a mapping, got {type(raw).__name__}", field=BLOCK)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown key {unknown[0]!r}",
+                field=f"{BLOCK}.{unknown[0]}",
+                fix=f"Known keys: {', '.join(sorted(known))}",
+            )
+        return cls(**dict(raw))

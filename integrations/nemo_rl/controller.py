@@ -1,0 +1,257 @@
+"""NeMo RL's SingleController with partial rollouts: one cut at save, the cut continued at resume.
+
+:func:`controller_class` subclasses NeMo RL's own actor class and overrides three methods, each of
+which calls NeMo RL's:
+
+- ``_save_checkpoint``: close the generation gate, freeze the engines (keep mode), capture every
+  sample and cut the ledger into memory, then call NeMo RL's save *in the same event-loop turn* (it
+  reads its loader cursor before its first ``await``), so the cursor, the buffer's ready groups and
+  our snapshot describe one instant. The engines resume as soon as NeMo RL's save first awaits;
+  the snapshot is written into ``tmp_step_N`` by NeMo RL's finalisation thread, before the rename
+  that commits the checkpoint.
+- ``_maybe_restore_replay_buffer``: after NeMo RL restores its buffer, load the snapshot of the same
+  checkpoint, apply ``on_stale``, and hand the prompts to re-dispatch to the loader wrapper, so they
+  enter through NeMo RL's rollout pump (its permits and staleness accounting stay right).
+- ``_sync_weights``: keep the ledger's policy version equal to NeMo RL's trainer version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from nemo_rl.algorithms.single_controller import SingleControllerActor
+
+from partial_rollout.errors import ConfigError
+from partial_rollout.ledger import LedgerCut
+from partial_rollout.snapshot import Fingerprints, GroupState, snapshot_path
+from partial_rollout_integrations.nemo_rl import seams
+from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
+from partial_rollout_integrations.nemo_rl.hooks import (
+    LedgerLoader,
+    LedgerReplayBuffer,
+    LedgerRollout,
+    SnapshotCheckpointManager,
+)
+from partial_rollout_integrations.nemo_rl.session import GROUP_KEY, Session
+
+STALE_AT_RESUME = "stale_at_resume"
+"""Eviction / regeneration reason of a restored group that ``on_stale`` does not continue."""
+RECORD_FOLDER = "ledger_{step}"
+RECORD_ONLY_FINGERPRINTS = Fingerprints(model="record-only", tokenizer="record-only", vocab_size=1, vllm_version="n/a")
+"""A record-only ledger holds no tokens to continue, so it is bound to no model."""
+"""Folder (beside ``events.jsonl``) of a record-only run's ledger at checkpoint ``step_N``."""
+
+
+@dataclass
+class _Installed:
+    config: PartialRolloutsConfig
+    session: Session
+    loader: LedgerLoader
+    fingerprints: Fingerprints | None
+    events_dir: Path
+
+
+def events_path(config: PartialRolloutsConfig, checkpointing: dict[str, Any]) -> Path:
+    """Where a run's ``events.jsonl`` goes (it spans restarts)."""
+    if config.events_path is not None:
+        return Path(config.events_path)
+    return Path(checkpointing["checkpoint_dir"]) / "partial_rollouts" / "events.jsonl"
+
+
+def _checkpoint_step(path: str) -> int:
+    match = re.fullmatch(r"step_(\d+)", Path(path).name)
+    if match is None:
+        raise ConfigError("is not a NeMo RL step_N checkpoint folder", path=path)
+    return int(match.group(1))
+
+
+def controller_class() -> Any:
+    """NeMo RL's ``SingleControllerActor`` with partial rollouts, as a Ray actor class."""
+    base: Any = SingleControllerActor.__ray_metadata__.modified_class
+
+    class PartialRolloutController(base):  # type: ignore[misc, valid-type]
+        """NeMo RL's SingleController that loses no prompt at a checkpoint (see the module docstring)."""
+
+        def __init__(self, master_config: Any, actor_args: Any, setup_timing_metrics: Any) -> None:
+            super().__init__(master_config, actor_args, setup_timing_metrics)
+            config = PartialRolloutsConfig.from_checkpointing(master_config.checkpointing)
+            self._pr: _Installed | None = None
+            if config.active:
+                self._pr = self._install(config, master_config, actor_args)
+
+        def _install(self, config: PartialRolloutsConfig, master_config: Any, actor_args: Any) -> _Installed:
+            for name, obj in (
+                ("SingleControllerActor", self),
+                ("RolloutManager", self._rollout_manager),
+                ("TQReplayBuffer", self._buffer),
+            ):
+                seams.check_instance(name, obj)
+            engine = getattr(self._gen, "engine", None)
+            if config.enabled and engine is None:
+                raise ConfigError(
+                    "needs a generation backend that can cut and continue requests",
+                    field=f"{BLOCK}.enabled",
+                    fix="Build the run with partial_rollout_integrations.nemo_rl's entry point",
+                )
+            path = events_path(config, master_config.checkpointing)
+            session = Session(
+                config,
+                events_path=str(path),
+                settings=self._gen.settings,
+                group_size=master_config.grpo.num_generations_per_prompt,
+                engine=engine,
+            )
+            self._gen.session = session
+            loader = LedgerLoader(self._dataloader, session)
+            self._dataloader = loader
+            self._rollout_manager._impl = LedgerRollout.wrap(
+                self._rollout_manager._impl, session, self._inflight_by_group_id
+            )
+            LedgerReplayBuffer.adopt(self._buffer, session, lambda: self._train_steps)
+            SnapshotCheckpointManager.adopt(self._checkpointer)
+            if actor_args.last_checkpoint_path is None:
+                session.ledger.record_start(nemo_rl=True, partial_rollouts=config.enabled)
+            return _Installed(config, session, loader, None, path.parent)
+
+        async def run(self) -> dict[str, Any]:
+            result: dict[str, Any] = await super().run()
+            if self._pr is not None:
+                self._pr.session.ledger.record_end(step=self._train_steps)
+            return result
+
+        # ------------------------------------------------------------ weights
+
+        async def _sync_weights(self, **kwargs: Any) -> int:
+            aborted: int = await super()._sync_weights(**kwargs)
+            if self._pr is not None:
+                self._pr.session.policy_version = self._trainer_version
+            return aborted
+
+        # ------------------------------------------------------------ save
+
+        async def _save_checkpoint(self, step_metrics: dict[str, Any]) -> None:
+            pr = self._pr
+            if pr is None:
+                await super()._save_checkpoint(step_metrics)
+                return
+            if not pr.config.enabled:
+                await self._save_record_only(pr, step_metrics)
+                return
+            if pr.fingerprints is None:
+                pr.fingerprints = await pr.session.engine.fingerprints()  # type: ignore[union-attr]
+            started = time.perf_counter()
+            engine_cut = await pr.session.freeze()
+            try:
+                pr.session.capture(engine_cut.samples)
+                cut = pr.session.ledger.cut(
+                    Path(self._checkpointer.checkpoint_dir) / f"tmp_step_{self._train_steps}",
+                    trainer_step=self._train_steps,
+                    policy_version=self._trainer_version,
+                    fingerprints=pr.fingerprints,
+                    loader_state=None,
+                    metadata=pr.session.metadata(),
+                )
+            except BaseException:
+                await pr.session.thaw()
+                raise
+            logged = threading.Event()
+            thaw = asyncio.ensure_future(self._thaw_and_log(pr, cut, started, engine_cut, logged))
+            self._checkpointer._before_commit = self._writer(pr, cut, logged, asyncio.get_running_loop())
+            try:
+                # NeMo RL reads its loader cursor before its first await: still this turn.
+                await super()._save_checkpoint(step_metrics)
+            finally:
+                self._checkpointer._before_commit = None
+                await thaw
+
+        async def _thaw_and_log(
+            self, pr: _Installed, cut: LedgerCut, started: float, engine_cut: Any, logged: threading.Event
+        ) -> None:
+            try:
+                await pr.session.thaw()
+                stall = time.perf_counter() - started
+                pr.session.ledger.record_save(cut, stall_s=round(stall, 6), engine_pause_s=round(engine_cut.pause_s, 6))
+            finally:
+                logged.set()
+
+        @staticmethod
+        def _writer(pr: _Installed, cut: LedgerCut, logged: threading.Event, loop: asyncio.AbstractEventLoop) -> Any:
+            def write(folder: str) -> None:
+                logged.wait()
+                cut.path = snapshot_path(folder)  # the real tmp_step_N folder NeMo RL created
+                started = time.perf_counter()
+                try:
+                    size = cut.write()
+                except BaseException as e:
+                    error = f"{type(e).__name__}: {e}"
+                    loop.call_soon_threadsafe(lambda: pr.session.ledger.record_save_failed(cut, error=error))
+                    raise
+                seconds = round(time.perf_counter() - started, 6)
+                loop.call_soon_threadsafe(lambda: pr.session.ledger.record_written(cut, bytes=size, write_s=seconds))
+
+            return write
+
+        async def _save_record_only(self, pr: _Installed, step_metrics: dict[str, Any]) -> None:
+            """Flag off, events on: log what NeMo RL itself keeps (its ready groups), change nothing."""
+            folder = pr.events_dir / RECORD_FOLDER.format(step=self._train_steps)
+            pr.session.ledger.save(
+                folder,
+                trainer_step=self._train_steps,
+                policy_version=self._trainer_version,
+                fingerprints=RECORD_ONLY_FINGERPRINTS,
+                loader_state=None,
+                states={GroupState.READY},
+                metadata=pr.session.metadata(),
+            )
+            await super()._save_checkpoint(step_metrics)
+
+        # ------------------------------------------------------------ resume
+
+        async def _maybe_restore_replay_buffer(self) -> None:
+            await super()._maybe_restore_replay_buffer()
+            pr = self._pr
+            if pr is None or self._last_checkpoint_path is None:
+                return
+            ledger = pr.session.ledger
+            if pr.config.enabled:
+                folder = Path(self._last_checkpoint_path)
+                if pr.fingerprints is None:
+                    pr.fingerprints = await pr.session.engine.fingerprints()  # type: ignore[union-attr]
+                snapshot = ledger.load(folder, expect=pr.fingerprints, allow_vllm_change=pr.config.allow_vllm_change)
+            else:
+                step = _checkpoint_step(self._last_checkpoint_path)
+                snapshot = ledger.load(pr.events_dir / RECORD_FOLDER.format(step=step))
+            ledger.record_resume(step=self._train_steps, partial_rollouts=pr.config.enabled)
+            datums = pr.session.restore(
+                snapshot, in_nemo_buffer=list(self._buffer._group_ids), redispatch=pr.config.enabled
+            )
+            if pr.config.enabled:
+                pr.loader.restore(self._apply_on_stale(pr, datums))
+
+        def _apply_on_stale(self, pr: _Installed, datums: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            session, keep = pr.session, []
+            for datum in datums:
+                group = session.restored.get(datum[GROUP_KEY])
+                stale = group is not None and self._sampler.should_abort_inflight(
+                    start_weight_version=group.dispatch_version, current_train_weight=self._trainer_version
+                )
+                if not stale or pr.config.on_stale == "continue":
+                    keep.append(datum)
+                elif pr.config.on_stale == "regenerate":
+                    del session.restored[group.group_id]  # type: ignore[union-attr]
+                    session.ledger.regenerate(group.group_id, reason=STALE_AT_RESUME)  # type: ignore[union-attr]
+                    keep.append(datum)
+                else:
+                    del session.restored[group.group_id]  # type: ignore[union-attr]
+                    session.ledger.evict(group.group_id, reason=STALE_AT_RESUME)  # type: ignore[union-attr]
+            return keep
+
+    PartialRolloutController.__name__ = PartialRolloutController.__qualname__ = "PartialRolloutController"
+    return ray.remote(num_cpus=1, num_gpus=0)(PartialRolloutController)

@@ -1,0 +1,98 @@
+"""The kill-and-resume demo on NeMo RL's real SingleController, partial rollouts on and off.
+
+Each side runs the CPU config (:mod:`.cpu`) through this package's launcher in the NeMo RL
+environment, SIGKILLs the whole run after a checkpoint that holds unfinished work, reruns it to
+the end, and audits the work ledger's ``events.jsonl``. With the flag off the ledger only records
+(``record_events``): NeMo RL runs unchanged, and the audit counts the prompts its checkpoint lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from partial_rollout.errors import ConfigError
+from partial_rollout.ledger import audit
+from partial_rollout_integrations.nemo_rl.kill_resume import KillPlan, kill_and_resume
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_tiny_cpu.yaml"
+SIDES = {"partial_rollouts_on": True, "partial_rollouts_off": False}
+
+
+@dataclass(frozen=True)
+class NemoEnvironment:
+    """Where NeMo RL's source and the controller's interpreter are."""
+
+    source: Path
+    python: Path
+
+    @classmethod
+    def from_environ(cls) -> NemoEnvironment:
+        source = os.environ.get("NEMO_RL_SRC")
+        if not source or not (Path(source) / "nemo_rl").is_dir():
+            raise ConfigError(
+                f"NEMO_RL_SRC is {source!r}, not a NeMo RL checkout",
+                field="NEMO_RL_SRC",
+                fix="Point NEMO_RL_SRC at a NeMo RL checkout (the folder holding nemo_rl/)",
+            )
+        python = Path(os.environ.get("NEMO_RL_PYTHON", REPO / ".venv-nemo-rl" / "bin" / "python"))
+        if not python.is_file():
+            raise ConfigError(
+                "no interpreter for NeMo RL's controller",
+                path=python,
+                field="NEMO_RL_PYTHON",
+                fix="Run `bash scripts/setup_nemo_rl.sh` (it creates .venv-nemo-rl)",
+            )
+        return cls(source=Path(source).resolve(), python=python)
+
+    def env(self) -> dict[str, str]:
+        import partial_rollout
+
+        library = Path(partial_rollout.__file__).resolve().parents[1]
+        path = os.pathsep.join([str(library), str(self.source)])
+        # RAY_ADDRESS=local: the run starts a Ray cluster of its own instead of joining one found on the machine.
+        return {
+            **os.environ,
+            "NEMO_RL_SRC": str(self.source),
+            "PYTHONPATH": path,
+            "PYTHONUNBUFFERED": "1",
+            "RAY_ADDRESS": "local",
+        }
+
+
+def run_side(nemo: NemoEnvironment, out: Path, *, enabled: bool, seed: int, timeout_s: float) -> dict[str, Any]:
+    """Train, kill, resume and audit one side; returns its audit report as JSON."""
+    out.mkdir(parents=True, exist_ok=True)
+    events = out / "events.jsonl"
+    command = [
+        str(nemo.python),
+        "-m",
+        "partial_rollout_integrations.nemo_rl",
+        "--config",
+        str(CONFIG),
+        f"++checkpointing.checkpoint_dir={out / 'checkpoints'}",
+        f"++logger.log_dir={out / 'logs'}",
+        f"++checkpointing.partial_rollouts.enabled={str(enabled).lower()}",
+        "++checkpointing.partial_rollouts.record_events=true",
+        f"++checkpointing.partial_rollouts.events_path={events}",
+    ]
+    plan = KillPlan.draw(seed, holding="prefix_tokens" if enabled else "samples_unfinished")
+    run = kill_and_resume(command, env=nemo.env(), cwd=out, events=events, plan=plan, timeout_s=timeout_s)
+    report = audit(events).to_json()
+    report["attempts"] = [vars(a) for a in run.attempts]
+    report["kill_after_events"] = plan.after_events
+    (out / "audit.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def run_demo(out: Path, *, seed: int = 0, timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
+    """Both sides, side by side under ``out``."""
+    nemo = NemoEnvironment.from_environ()
+    return {
+        name: run_side(nemo, out / name, enabled=enabled, seed=seed, timeout_s=timeout_s)
+        for name, enabled in SIDES.items()
+    }

