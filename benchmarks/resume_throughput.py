@@ -4,7 +4,12 @@ One workload, one engine configuration, the same seeds, compared within one run.
 cuts a run with samples in flight, saves the snapshot, finishes the remainder in place
 (**uninterrupted**), kills the engine, and recovers the same work on fresh engines by **continue**
 (from the saved prefixes) and **regenerate** (from scratch); **drop** loses it. Every repetition
-checks its figures against the snapshot it wrote (``consistency.passed`` in the JSON is the verdict).
+checks its figures against the snapshot it wrote (``consistency.passed`` in the JSON is the verdict),
+and compares the tokens of continue and of regenerate with the uninterrupted run on the samples in
+flight at the cut: regenerate against uninterrupted is the engine's own noise floor (the same
+seeded samples generated twice without interruption, in different batches), and a point where
+continue matches fewer samples than that is flagged (``exact.beyond_noise_floor``, and a line on
+stdout).
 The parts: :mod:`benchmarks.resume.workload` (what is generated), :mod:`benchmarks.resume.phases`
 (the phases of a repetition), :mod:`benchmarks.resume.measure` (clocks, token counts, checks),
 :mod:`benchmarks.resume.report` (the JSON result and its tables).
@@ -224,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens;"
         f" exact: {result['exact']['all_reps']}"
     )
+    for p in result["points"]:
+        i = p["summary"]["identity"]
+        print(
+            f"{'DIVERGENCE BEYOND THE NOISE FLOOR' if i['beyond_noise_floor'] else 'within the noise floor'}:"
+            f" {p['num_in_flight']}x{p['mean_prefix']}: continue token-identical to uninterrupted for"
+            f" {i['continue_identical']}/{i['samples_in_flight']} samples in flight at the cut, regenerate"
+            f" (two uninterrupted runs in different batches) for {i['noise_floor_identical']}"
+        )
     for p in paths:
         print(f"wrote {p}")
     return 0 if result["consistency"]["passed"] else 1

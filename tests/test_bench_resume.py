@@ -84,9 +84,18 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
 
     assert result["consistency"]["passed"], result["consistency"]["failed"]
     assert result["continue_redone_decode_tokens_max"] == 0
-    assert (
-        "mismatches" in result["points"][0]["reps"][0]["exact"]
-    )  # exactness is reported, asserted in test_resume_exact
+    exact = result["points"][0]["reps"][0]["exact"]
+    assert "mismatches" in exact  # exactness is reported here, asserted in test_resume_exact
+    # token identity next to the engine's noise floor, on the samples in flight at the cut only
+    assert exact["in_flight"] == result["points"][0]["reps"][0]["workload"]["samples_in_flight"] == 8
+    assert exact["prefix_bit_identical"] == 8  # the saved prefix, its logprobs and versions, bit for bit
+    ident = result["points"][0]["summary"]["identity"]
+    assert ident["samples_in_flight"] == 8
+    assert ident["beyond_noise_floor"] == (ident["continue_identical"] < ident["noise_floor_identical"])
+    assert result["exact"]["beyond_noise_floor"] == (["8x32"] if ident["beyond_noise_floor"] else [])
+    assert "noise floor" in result["markdown"]
+    flag = "DIVERGENCE BEYOND THE NOISE FLOOR" if ident["beyond_noise_floor"] else "within the noise floor"
+    assert f"{flag}: 8x32: continue token-identical to uninterrupted for" in proc.stdout
     for key in ("machine", "versions", "config", "definitions", "table", "markdown"):
         assert key in result
     (point,) = result["points"]

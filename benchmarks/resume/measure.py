@@ -281,6 +281,13 @@ def first_divergence(x: np.ndarray, y: np.ndarray) -> int:
     return int(where[0]) if len(where) else n
 
 
+def _agreement(x: SampleRecord, y: SampleRecord, skip: int = 0) -> tuple[bool, float]:
+    """(token-identical, largest |logprob diff| over the tokens from ``skip`` up to the first divergence)."""
+    first = first_divergence(x.token_ids, y.token_ids)
+    diff = np.abs(x.logprobs[skip:first] - y.logprobs[skip:first])
+    return bool(np.array_equal(x.token_ids, y.token_ids)), float(diff.max(initial=0.0))
+
+
 def exactness(
     saved: Snapshot,
     uninterrupted: dict[str, SampleRecord],
@@ -290,13 +297,28 @@ def exactness(
     """Whether the three ways of finishing the same samples gave the same tokens, and where they first differ.
 
     Only samples that were in flight at the cut have an uninterrupted reference; pending ones are
-    compared between continue and regenerate.
+    compared between continue and regenerate. The **noise floor** is regenerate against
+    uninterrupted on the samples that were in flight: the same seeded samples generated twice
+    without interruption, in different batches (engine A dispatched them staggered, the regenerate
+    engine all together), so it is what vLLM's batch-variant kernels do anyway. Continuing is
+    held against it: ``beyond_noise_floor`` when continue differs from uninterrupted on more of those
+    samples than regenerate does.
     """
     ref = {rid: uninterrupted[rid] for rid in continued if rid in uninterrupted}
     same_continue = sum(np.array_equal(continued[rid].token_ids, r.token_ids) for rid, r in ref.items())
     same_regen = sum(np.array_equal(regenerated[rid].token_ids, r.token_ids) for rid, r in ref.items())
     same_pending = sum(np.array_equal(continued[rid].token_ids, regenerated[rid].token_ids) for rid in continued)
-    saved_k = {request_id(g.group_id, smp.index): smp.num_tokens for g, smp in saved.iter_samples()}
+    saved_k = {request_id(g.group_id, smp.index): smp for g, smp in saved.iter_samples()}
+    in_flight = [rid for rid in ref if saved_k[rid].state is SampleState.IN_FLIGHT and saved_k[rid].num_tokens > 0]
+    resume = [_agreement(continued[rid], ref[rid], skip=saved_k[rid].num_tokens) for rid in in_flight]
+    floor = [_agreement(regenerated[rid], ref[rid]) for rid in in_flight]
+    prefix_kept = sum(
+        np.array_equal(continued[rid].token_ids[: s.num_tokens], s.token_ids)
+        and np.array_equal(continued[rid].logprobs[: s.num_tokens], s.logprobs)
+        and np.array_equal(continued[rid].versions[: s.num_tokens], s.versions)
+        for rid in in_flight
+        for s in (saved_k[rid],)
+    )
     mismatches = []
     for rid in continued:
         pairs = {"continue_vs_regenerate": (continued[rid], regenerated[rid])}
@@ -309,16 +331,25 @@ def exactness(
                     dict(
                         sample=rid,
                         pair=name,
-                        prefix_at_cut=saved_k[rid],
+                        prefix_at_cut=saved_k[rid].num_tokens,
                         first_divergence=first_divergence(x.token_ids, y.token_ids),
                         length=len(y.token_ids),
                     )
                 )
+    continue_same = sum(same for same, _ in resume)
+    floor_same = sum(same for same, _ in floor)
     return dict(
         samples=len(ref),
         continue_equals_uninterrupted=int(same_continue),
         regenerate_equals_uninterrupted=int(same_regen),
         continue_equals_regenerate=int(same_pending),
         recovered=len(continued),
+        in_flight=len(in_flight),
+        continue_identical_in_flight=int(continue_same),
+        noise_floor_identical_in_flight=int(floor_same),
+        continue_max_logprob_diff=max((d for _, d in resume), default=0.0),
+        noise_floor_max_logprob_diff=max((d for _, d in floor), default=0.0),
+        prefix_bit_identical=int(prefix_kept),
+        beyond_noise_floor=continue_same < floor_same,
         mismatches=mismatches,
     )

@@ -59,6 +59,7 @@ DEFINITIONS = {
     "load_s": "load_snapshot wall time, page cache evicted first (full checksum + validation)",
     "floor_s": "time to prefill every saved prompt+prefix alone (max_tokens=1, all together), on the regenerate engine after it finished and its prefix cache was emptied",
     "over_floor_s": "continue recovery_s minus floor_s",
+    "identity": "token identity of the samples in flight at the cut, over all repetitions: continue vs uninterrupted next to the noise floor, regenerate vs uninterrupted on the same samples (two uninterrupted runs of the same seeded samples in different batches); beyond_noise_floor when continue matched fewer; logprob diffs over the tokens before the first divergence (continue: after the saved prefix)",
 }
 
 
@@ -303,6 +304,7 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "bytes_per_token_met": ((save["bytes_per_in_flight_token_excl_sampler_state"] or {}).get("median") or math.inf)
         <= TARGET_BYTES_PER_TOKEN,
     }
+    summary["identity"] = identity(reps)
     summary["consistent_all_reps"] = all(r["consistent"] for r in reps)
     summary["exact_all_reps"] = all(
         r["exact"]["continue_equals_uninterrupted"]
@@ -311,6 +313,48 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         for r in reps
     )
     return summary
+
+
+def identity(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Token identity of the samples in flight at the cut, over every repetition: continue next to the noise floor.
+
+    The noise floor is regenerate against uninterrupted on the same samples
+    (:func:`benchmarks.resume.measure.exactness`). Results written before these keys existed are
+    recounted from their ``mismatches`` and have no logprob figures (``None``).
+    """
+    samples = cont = noise = 0
+    kept: int | None = 0
+    worst: dict[str, float | None] = {"continue": 0.0, "noise_floor": 0.0}
+    for r in reps:
+        e = r["exact"]
+        if "in_flight" in e:
+            n, c, f = e["in_flight"], e["continue_identical_in_flight"], e["noise_floor_identical_in_flight"]
+            kept = None if kept is None else kept + e["prefix_bit_identical"]
+            for key in worst:
+                old = worst[key]
+                worst[key] = None if old is None else max(old, e[f"{key}_max_logprob_diff"])
+        else:
+            n = r["workload"]["samples_in_flight"]
+            c = n - _diverged(e["mismatches"], "continue_vs_uninterrupted")
+            f = n - _diverged(e["mismatches"], "regenerate_vs_uninterrupted")
+            kept, worst = None, {"continue": None, "noise_floor": None}
+        samples, cont, noise = samples + n, cont + c, noise + f
+    return dict(
+        samples_in_flight=samples,
+        continue_identical=cont,
+        noise_floor_identical=noise,
+        continue_rate=cont / samples if samples else None,
+        noise_floor_rate=noise / samples if samples else None,
+        continue_max_logprob_diff=worst["continue"],
+        noise_floor_max_logprob_diff=worst["noise_floor"],
+        prefix_bit_identical=kept,
+        beyond_noise_floor=cont < noise,
+    )
+
+
+def _diverged(mismatches: list[dict[str, Any]], pair: str) -> int:
+    """Samples in flight at the cut (a saved prefix) whose ``pair`` differed."""
+    return len({m["sample"] for m in mismatches if m["pair"] == pair and m["prefix_at_cut"]})
 
 
 def collect(
@@ -413,7 +457,60 @@ def markdown(result: dict[str, Any]) -> str:
             f" {fmt((s['modes']['regenerate'].get('cpu_vs_continue') or {}).get('median'))};"
             f" {fmt((s['modes']['regenerate'].get('warm_vs_continue') or {}).get('median'))} |"
         )
+    lines += [
+        "",
+        "| in flight | mean prefix | reps | samples in flight at the cut | token-identical to uninterrupted: continue | noise floor: regenerate | max abs logprob diff before the first divergence: continue; noise floor | prefix kept bit for bit | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in result["points"]:
+        i = p["summary"].get("identity") or identity(p["reps"])
+        lines.append(
+            f"| {p['num_in_flight']} | {p['mean_prefix']} | {len(p['reps'])} | {i['samples_in_flight']}"
+            f" | {i['continue_identical']} ({fmt(100 * (i['continue_rate'] or 0), 0)}%)"
+            f" | {i['noise_floor_identical']} ({fmt(100 * (i['noise_floor_rate'] or 0), 0)}%)"
+            f" | {_g(i['continue_max_logprob_diff'])}; {_g(i['noise_floor_max_logprob_diff'])}"
+            f" | {fmt(i['prefix_bit_identical'])}"
+            f" | {'**beyond the noise floor**' if i['beyond_noise_floor'] else 'within the noise floor'} |"
+        )
     return "\n".join(lines)
+
+
+def readme_table(result: dict[str, Any]) -> str:
+    """The README's resume table: one row per sweep point, medians, token identity next to the noise floor."""
+    lines = [
+        "| in flight x mean prefix | reps | engine steps: uninterrupted / continue / regenerate | wall s (warm engine):"
+        " uninterrupted / continue / regenerate | continue / uninterrupted (wall) | regenerate / continue: decode"
+        " tokens; steps; warm wall | decode tokens redone: continue / regenerate | prompts lost by drop | engine stall"
+        " ms (decode steps) | save / cold load ms | bytes per in-flight token: token data; whole file without sampler"
+        " state | token-identical to uninterrupted, samples in flight at the cut: continue / noise floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in result["points"]:
+        s = p["summary"]
+        m = lambda mode, key, s=s: (s["modes"][mode].get(key) or {}).get("median")  # noqa: E731
+        sv = lambda key, s=s: (s["save"].get(key) or {}).get("median")  # noqa: E731
+        i = s.get("identity") or identity(p["reps"])
+        n = i["samples_in_flight"]
+        flag = " **beyond**" if i["beyond_noise_floor"] else ""
+        lines.append(
+            f"| {p['num_in_flight']} x {p['mean_prefix']} | {len(p['reps'])}"
+            f" | {m('uninterrupted', 'steps'):,.0f} / {m('continue', 'steps'):,.0f} / {m('regenerate', 'steps'):,.0f}"
+            f" | {m('uninterrupted', 'recovery_s'):.1f} / {m('continue', 'recovery_s'):.1f}"
+            f" ({m('continue', 'warm_s'):.1f}) / {m('regenerate', 'recovery_s'):.1f} ({m('regenerate', 'warm_s'):.1f})"
+            f" | {m('continue', 'vs_uninterrupted'):.2f}"
+            f" | {m('regenerate', 'decode_tokens') / m('continue', 'decode_tokens'):.2f};"
+            f" {m('regenerate', 'steps_vs_continue'):.2f}; {m('regenerate', 'warm_vs_continue'):.2f}"
+            f" | {m('continue', 'redone_decode_tokens'):,.0f} / {m('regenerate', 'redone_decode_tokens'):,.0f}"
+            f" | {m('drop', 'prompts_lost'):.0f} | {sv('stall_ms'):.1f} ({sv('stall_in_decode_steps'):.2f})"
+            f" | {1000 * sv('save_s'):.0f} / {1000 * sv('load_s'):.0f}"
+            f" | {sv('token_data_bytes_per_token'):.3f}; {sv('bytes_per_in_flight_token_excl_sampler_state'):.2f}"
+            f" | {i['continue_identical']}/{n} / {i['noise_floor_identical']}/{n}{flag} |"
+        )
+    return "\n".join(lines)
+
+
+def _g(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2g}"
 
 
 # --- the result file -----------------------------------------------------------------------------
@@ -525,7 +622,12 @@ def assemble(args: argparse.Namespace, config: Any, points: list[dict[str, Any]]
             if not v["ok"]
         ],
     )
-    result["exact"] = dict(all_reps=bool(points) and all(p["summary"]["exact_all_reps"] for p in points))
+    result["exact"] = dict(
+        all_reps=bool(points) and all(p["summary"]["exact_all_reps"] for p in points),
+        beyond_noise_floor=[
+            f"{p['num_in_flight']}x{p['mean_prefix']}" for p in points if p["summary"]["identity"]["beyond_noise_floor"]
+        ],
+    )
     result["continue_redone_decode_tokens_max"] = max(
         (r["modes"]["continue"]["redone_decode_tokens"] for p in points for r in p["reps"]), default=None
     )
@@ -545,3 +647,7 @@ def write(result: dict[str, Any], out: Path, *, plots: bool = True) -> list[Path
 
         written += plot_all(result, out)
     return written
+
+
+if __name__ == "__main__":  # python -m benchmarks.resume.report RESULT.json: the README table of a result
+    print(readme_table(json.loads(Path(sys.argv[1]).read_text())))
