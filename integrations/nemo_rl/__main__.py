@@ -67,8 +67,11 @@ def load_master_config(path: str, overrides: list[str]) -> Any:
     return MasterConfig(**OmegaConf.to_container(config, resolve=True))
 
 
-def check_supported(master_config: Any, config: PartialRolloutsConfig) -> None:
-    """Fail at set-up, in one line, on a NeMo RL or a configuration partial rollouts do not support."""
+def check_supported(master_config: Any, config: PartialRolloutsConfig, *, gpu: bool = False) -> None:
+    """Fail at set-up, in one line, on a NeMo RL or a configuration partial rollouts do not support.
+
+    ``gpu``: the caller is the GPU launcher (:mod:`.gpu`, not yet run on a GPU); others refuse GPUs.
+    """
     from partial_rollout_integrations.nemo_rl import seams
 
     seams.check_seams()
@@ -86,7 +89,7 @@ def check_supported(master_config: Any, config: PartialRolloutsConfig) -> None:
             field=f"{BLOCK}.enabled",
             fix="Set grpo.max_rollout_turns: 1",
         )
-    if master_config.cluster["gpus_per_node"] > 0:
+    if master_config.cluster["gpus_per_node"] > 0 and not gpu:
         raise ConfigError(
             "has not run on GPUs yet: NeMo RL's own vLLM worker cannot cut and continue requests",
             field=f"{BLOCK}.enabled",

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from partial_rollout.engine import continuation, cut, orphan_guard, sampling_options, stops, vllm_internals
@@ -384,13 +384,22 @@ class ResumableEngine:
         prefixes included) reuses KV blocks the old weights computed; requests already running keep
         their own KV, as in-flight weight updates do.
         """
+        await self.refit(lambda: vllm_internals.reload_weights(self._llm, str(weights_dir)), policy_version)
+
+    async def refit(self, load: Callable[[], Awaitable[None]], policy_version: int) -> None:
+        """Run ``load``, a trainer's own transfer of new weights into this engine (NCCL, IPC), frozen and drained.
+
+        What :meth:`update_weights` does with a weights folder, for a transfer the trainer owns: the
+        tokens each request holds when ``load`` starts were sampled by the old weights, every later
+        token is labelled ``policy_version``. If ``load`` raises, no version changes.
+        """
         if policy_version < self._policy_version:
             raise ValueError(f"policy version must not go back ({self._policy_version} -> {policy_version})")
         if self._paused:
-            raise RuntimeError("update_weights during a cut: call resume() first")
+            raise RuntimeError("a weight update during a cut: call resume() first")
         await self._freeze()
         try:
-            await vllm_internals.reload_weights(self._llm, str(weights_dir))
+            await load()
             self._policy_version = policy_version
             for req in self._live.values():
                 req.mark_version(policy_version)
