@@ -30,6 +30,7 @@ import selectors
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,11 @@ class _Server:
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is self.listener:
-                    conn, _ = sock.accept()
+                    try:  # out of descriptors, say: the next worker finds no lifeline and warns
+                        conn, _ = sock.accept()
+                    except OSError:
+                        time.sleep(0.1)  # the listener stays readable: do not spin
+                        continue
                     try:
                         conn.sendall(greeting)
                     except OSError:
