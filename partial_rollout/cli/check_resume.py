@@ -244,9 +244,7 @@ def run(args: argparse.Namespace) -> int:
     floor_diverged = sum(pos is not None for pos, _ in floor)
     floor_worst = max(worst for _, worst in floor)
     atol = floor_worst if args.logprob_atol is None else args.logprob_atol
-    # Only a sample in flight with a prefix at the cut is continued; the others come back finished
-    # (done before the cut) or restart from scratch, and tell nothing about continuing.
-    continued = [rid for rid, (state, k, _) in cut.items() if state == "in_flight" and k > 0]
+    continued = continued_samples(cut)
     declared = [rid for rid in continued if res[rid]["inexact"]]
     bitwise, within, beyond, diverged = 0, 0, 0, []
     worst = 0.0
@@ -302,6 +300,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"verdict: {verdict}")
     print(f"work folder: {workdir}")
     return EXIT_FAILURE if beyond_floor or not checked else EXIT_OK
+
+
+def continued_samples(cut: dict[str, list[Any]]) -> list[str]:
+    """The samples a resume continues: in flight with a prefix at the cut (``cut``: id -> [state, tokens, inexact]).
+
+    The others come back finished (done before the cut) or restart from scratch, and tell nothing
+    about continuing.
+    """
+    return [rid for rid, (state, k, _) in cut.items() if state == "in_flight" and k > 0]
 
 
 def _compare(got: dict[str, Any], want: dict[str, Any]) -> tuple[int | None, float]:
