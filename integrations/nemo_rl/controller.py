@@ -44,8 +44,10 @@ from partial_rollout_integrations.nemo_rl.session import GROUP_KEY, Session
 STALE_AT_RESUME = "stale_at_resume"
 """Eviction / regeneration reason of a restored group that ``on_stale`` does not continue."""
 RECORD_FOLDER = "ledger_{step}"
-RECORD_ONLY_FINGERPRINTS = Fingerprints(model="record-only", tokenizer="record-only", vocab_size=1, vllm_version="n/a")
-"""A record-only ledger holds no tokens to continue, so it is bound to no model."""
+RECORD_ONLY_FINGERPRINTS = Fingerprints(
+    model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a"
+)
+"""A record-only ledger without our engine holds no tokens to continue, so it is bound to no model."""
 """Folder (beside ``events.jsonl``) of a record-only run's ledger at checkpoint ``step_N``."""
 
 
@@ -116,6 +118,15 @@ def controller_class() -> Any:
             )
             LedgerReplayBuffer.adopt(self._buffer, session, lambda: self._train_steps)
             SnapshotCheckpointManager.adopt(self._checkpointer)
+            log_metrics = self._logger.log_metrics
+
+            def log_and_record(metrics: dict[str, Any], step: int, *args: Any, **kwargs: Any) -> Any:
+                result = log_metrics(metrics, step, *args, **kwargs)
+                if kwargs.get("prefix", args[0] if args else "") == "train" and "reward" in metrics:
+                    session.on_train_step(step, metrics)
+                return result
+
+            self._logger.log_metrics = log_and_record
             if actor_args.last_checkpoint_path is None:
                 session.ledger.record_start(nemo_rl=True, partial_rollouts=config.enabled)
             return _Installed(config, session, loader, None, path.parent)
@@ -201,11 +212,14 @@ def controller_class() -> Any:
         async def _save_record_only(self, pr: _Installed, step_metrics: dict[str, Any]) -> None:
             """Flag off, events on: log what NeMo RL itself keeps (its ready groups), change nothing."""
             folder = pr.events_dir / RECORD_FOLDER.format(step=self._train_steps)
+            if pr.fingerprints is None:
+                engine = pr.session.engine
+                pr.fingerprints = RECORD_ONLY_FINGERPRINTS if engine is None else await engine.fingerprints()
             pr.session.ledger.save(
                 folder,
                 trainer_step=self._train_steps,
                 policy_version=self._trainer_version,
-                fingerprints=RECORD_ONLY_FINGERPRINTS,
+                fingerprints=pr.fingerprints,
                 loader_state=None,
                 states={GroupState.READY},
                 metadata=pr.session.metadata(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from partial_rollout_integrations.nemo_rl.kill_resume import KillPlan, kill_and_
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_tiny_cpu.yaml"
-SIDES = {"partial_rollouts_on": True, "partial_rollouts_off": False}
+SIDES = {"on": True, "off": False}
+"""The two runs: partial rollouts on, and off (recording only); each in ``<out>/partial_rollouts_<name>``."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def run_side(nemo: NemoEnvironment, out: Path, *, enabled: bool, seed: int, time
     plan = KillPlan.draw(seed, holding="prefix_tokens" if enabled else "samples_unfinished")
     run = kill_and_resume(command, env=nemo.env(), cwd=out, events=events, plan=plan, timeout_s=timeout_s)
     report = audit(events).to_json()
+    report["wall_s"] = round(run.wall_s, 1)
     report["attempts"] = [vars(a) for a in run.attempts]
     report["kill_after_events"] = plan.after_events
     (out / "audit.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -90,9 +93,13 @@ def run_side(nemo: NemoEnvironment, out: Path, *, enabled: bool, seed: int, time
 
 
 def run_demo(out: Path, *, seed: int = 0, timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
-    """Both sides, side by side under ``out``."""
+    """Both runs, side by side (each starts a Ray cluster of its own), under ``out``."""
     nemo = NemoEnvironment.from_environ()
-    return {
-        name: run_side(nemo, out / name, enabled=enabled, seed=seed, timeout_s=timeout_s)
-        for name, enabled in SIDES.items()
-    }
+    with ThreadPoolExecutor(len(SIDES)) as pool:
+        futures = {
+            name: pool.submit(
+                run_side, nemo, out / f"partial_rollouts_{name}", enabled=enabled, seed=seed, timeout_s=timeout_s
+            )
+            for name, enabled in SIDES.items()
+        }
+        return {name: f.result() for name, f in futures.items()}

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from partial_rollout.engine import RolloutEngine
-from partial_rollout.ledger import EventLog, WorkLedger, request_id
+from partial_rollout.ledger import TRAIN_STEP, EventLog, WorkLedger, request_id
 from partial_rollout.snapshot import (
     GroupRecord,
     GroupState,
@@ -146,6 +147,8 @@ class Session:
         self._open.set()
         self.restored: dict[str, GroupRecord] = {}
         """Groups restored from a snapshot that have not been dispatched again yet."""
+        self._started = time.perf_counter()
+        self._last_step: tuple[float, float] = (self._started, 0.0)
 
     # ---------------------------------------------------------------- the loader
 
@@ -210,6 +213,20 @@ class Session:
     def _forget_samples(self, group_id: str) -> None:
         for key in [k for k in self._generated if k[0] == group_id]:
             del self._generated[key]
+
+    def on_train_step(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """NeMo RL logged a training step's metrics: the reward curve of the event log."""
+        now = time.perf_counter()
+        tokens = float(metrics.get("total_num_tokens", 0.0))
+        last_time, _ = self._last_step
+        self._last_step = (now, tokens)
+        self.ledger.log(
+            TRAIN_STEP,
+            step=step,
+            reward=round(float(metrics["reward"]), 4),
+            tokens_per_s=round(tokens / max(now - last_time, 1e-6), 1),
+            elapsed_s=round(now - self._started, 3),
+        )
 
     # ---------------------------------------------------------------- the replay buffer
 

@@ -48,10 +48,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="trainer config (default: the reference trainer's configs/demo.yaml; configs/fast.yaml is a short run)",
     )
+    p.add_argument(
+        "--trainer",
+        choices=("reference", "nemo-rl"),
+        default="reference",
+        help="reference: our async GRPO trainer (default); nemo-rl: NeMo RL's real SingleController on the CPU "
+        "harness (needs NEMO_RL_SRC and scripts/setup_nemo_rl.sh)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trainer == "nemo-rl":
+        return run_nemo_rl(args)
     from tqdm import tqdm
 
     from partial_rollout.ledger import EVENTS_FILENAME, audit
@@ -106,6 +115,24 @@ def run(args: argparse.Namespace) -> int:
     for bar in bars.values():
         bar.close()
     (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plan": vars(plan), **results}, indent=2))
+    print(format_table(results))
+    print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")
+    return 0 if verdict(results["on"]) is None else 1
+
+
+def run_nemo_rl(args: argparse.Namespace) -> int:
+    """The same demo on NeMo RL's SingleController (:mod:`partial_rollout_integrations.nemo_rl.demo`)."""
+    from partial_rollout_integrations.nemo_rl.demo import run_demo
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    for name, _ in RUNS:
+        shutil.rmtree(out / f"partial_rollouts_{name}", ignore_errors=True)
+    print("NeMo RL SingleController, partial rollouts on and off side by side: train, SIGKILL, resume, audit")
+    results = run_demo(out, seed=args.seed)
+    for name, report in results.items():
+        _plot(report, out / f"partial_rollouts_{name}" / "reward.png", title=f"NeMo RL, partial rollouts {name}")
+    (out / "audit.json").write_text(json.dumps({"seed": args.seed, "trainer": "nemo-rl", **results}, indent=2))
     print(format_table(results))
     print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")
     return 0 if verdict(results["on"]) is None else 1

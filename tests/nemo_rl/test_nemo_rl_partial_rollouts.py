@@ -12,21 +12,50 @@ noise each step, policy logprobs copied from the behaviour logprobs) and the NCC
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import nemo_rl_harness as harness
 import pytest
 
-from partial_rollout_integrations.nemo_rl.demo import run_demo
+from partial_rollout.ledger import audit
 
 pytestmark = [harness.needs_nemo_rl, pytest.mark.ray, pytest.mark.engine]
 
 
-def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_RL_SRC", str(harness.nemo_rl_src()))
-    reports = run_demo(tmp_path, seed=3, timeout_s=1500)
-    on, off = reports["partial_rollouts_on"], reports["partial_rollouts_off"]
+def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path) -> None:
+    """``partial-rollout demo --trainer nemo-rl``: both runs side by side, audited from their own event logs."""
+    env = {**os.environ, "NEMO_RL_SRC": str(harness.nemo_rl_src())}
+    demo = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "partial_rollout.cli",
+            "demo",
+            "--trainer",
+            "nemo-rl",
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "LOST" in demo.stdout and "tokens continued from prefixes" in demo.stdout
+    reports = json.loads((tmp_path / "audit.json").read_text())
+    on, off = reports["on"], reports["off"]
+    for side, report in (("on", on), ("off", off)):
+        run_dir = tmp_path / f"partial_rollouts_{side}"
+        assert (run_dir / "reward.png").stat().st_size > 0
+        assert json.loads((run_dir / "audit.json").read_text()) == audit(run_dir / "events.jsonl").to_json() | {
+            k: report[k] for k in ("wall_s", "attempts", "kill_after_events")
+        }
     print(
         json.dumps(
             {k: {f: r[f] for f in ("lost", "duplicated", "tokens_continued", "attempts")} for k, r in reports.items()}
@@ -45,6 +74,8 @@ def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path, monkey
     # Flag off: the same kill on the same NeMo RL loses the prompts its checkpoint left out.
     assert off["lost"] > 0
     assert off["tokens_continued"] == 0
+    # NeMo RL's training steps reach the event log (the demo's reward curve).
+    assert on["steps"] and all(0.0 <= s["reward"] <= 1.0 for s in on["steps"])
 
 
 def test_unsupported_nemo_rl_or_config_fails_at_setup_in_one_line(tmp_path: Path) -> None:
