@@ -48,8 +48,15 @@ import ray
 from nemo_rl.distributed.worker_group_utils import get_nsight_config_if_pattern_matches
 from nemo_rl.models.generation.vllm.vllm_worker_async import VllmAsyncGenerationWorkerImpl
 
-from partial_rollout.engine import Cut, EngineConfig, EnginePool, RemoteEngine, ResumableEngine, vllm_internals
-from partial_rollout.engine.resumable import with_worker_hooks
+from partial_rollout.engine import (
+    Cut,
+    EngineConfig,
+    EnginePool,
+    RemoteEngine,
+    ResumableEngine,
+    vllm_internals,
+    with_worker_hooks,
+)
 from partial_rollout.errors import ConfigError
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
