@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partial_rollout.engine import EngineConfig, EnginePool, exactness
+from partial_rollout.engine import EngineConfig, EnginePool
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]
@@ -60,16 +60,27 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         pool = await EnginePool.local(config)
         try:
             assert await pool.fingerprints() == prints
-            return await asyncio.gather(
+            resumed = await asyncio.gather(
                 *[pool.generate(rid, work[rid][0], work[rid][1], index=0, resume_from=cut.samples[rid]) for rid in work]
             )
+            # the noise floor: the same work from scratch, uninterrupted, in other batches (staggered
+            # in reverse order, so prefills share steps with decodes, as the resumed prefixes did)
+            scratch = {}
+            for rid in reversed(work):
+                scratch[rid] = asyncio.ensure_future(pool.generate(f"scratch-{rid}", *work[rid], index=0))
+                await asyncio.sleep(0.05)
+            return resumed, [await scratch[rid] for rid in work]
         finally:
             await pool.shutdown()
 
-    for rid, out in zip(work, loop_thread.run(resume_side()), strict=True):
+    resumed, scratch = loop_thread.run(resume_side())
+    noise_floor = 0.0
+    for rid, again in zip(work, scratch, strict=True):
+        differ = np.flatnonzero(again.token_ids != ref[rid].token_ids)
+        upto = int(differ[0]) if len(differ) else again.num_tokens
+        noise_floor = max(noise_floor, float(np.abs(again.logprobs[:upto] - ref[rid].logprobs[:upto]).max(initial=0)))
+    for rid, out in zip(work, resumed, strict=True):
         assert out.inexact is None
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
-        # concurrent on both sides: logprobs agree within the engine's batch numerics (docs/exact_resume.md)
-        np.testing.assert_allclose(
-            out.logprobs, ref[rid].logprobs, rtol=0, atol=exactness.BATCH_LOGPROB_TOLERANCE, err_msg=rid
-        )
+        # concurrent on both sides: logprobs agree within the engine's noise floor (docs/exact_resume.md)
+        np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, rtol=0, atol=noise_floor, err_msg=rid)

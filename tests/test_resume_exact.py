@@ -1,20 +1,22 @@
 """Exact resume on the real CPU engine: a cut, a new engine process, a continuation equal to the original.
 
 vLLM's CPU kernels are not batch-invariant: the logprobs of one request can move in the last bits
-with the batch it shares a step with (measured: up to ~0.04 in bf16), in an uninterrupted run as
-much as in a resumed one. So the guarantee is tested twice:
+with the batch it shares a step with, in an uninterrupted run as much as in a resumed one. The test
+measures that noise floor itself: engine A generates every sample twice without interruption, one
+at a time and concurrently, and the largest logprob difference of the two (before any token flips)
+is the tolerance below. The guarantee is tested twice:
 
 * **same schedule**: reference samples generated one at a time in engine A; cuts at chosen points
   (K=0, K=1, K=max_tokens-1, a prefix crossing a 128-token KV block, a 1,550-token context)
   resumed one at a time in engine B, a new engine process. Tokens and versions must be identical;
-  logprobs within the batch variance, since the prefix is now prefilled where A decoded it step by
+  logprobs within the noise floor, since the prefix is now prefilled where A decoded it step by
   step, and the CPU prefill and decode kernels are not bit-identical (measured here: 3.0e-4 on the
   first continued token at K=1). Most logprobs stay bit-identical, and that is checked too.
 * **real cuts under load**: A runs the workload concurrently while two real cuts are taken
   (keep-mode pause, generation continues in place); B resumes everything concurrently, and cuts
   again while resumed requests are still queued. The saved prefix must come back bit for bit; the
   continuation must match the uninterrupted run up to its first token flipped by batch numerics
-  (logprobs within the engine's batch variance), and at least 75% of continuations must match
+  (logprobs within the noise floor), and at least 75% of continuations must match
   throughout. Samples the adapter declared inexact are exempt, and the declarations are checked
   to be true.
 """
@@ -35,7 +37,6 @@ pytestmark = pytest.mark.engine
 
 M = 160  # max_tokens of the ordinary samples
 BLOCK = 128  # vLLM CPU KV block size
-BATCH_VARIANCE = exactness.BATCH_LOGPROB_TOLERANCE
 
 
 def _workload() -> dict[str, tuple[list[int], SamplingSpec]]:
@@ -88,6 +89,13 @@ def _constructed_cut(ref: SampleRecord, k: int) -> SampleRecord:
     )
 
 
+def _logprob_gap(x: SampleRecord, y: SampleRecord) -> float:
+    """Largest |logprob difference| of two generations of one sample, up to their first differing token."""
+    differ = np.flatnonzero(x.token_ids != y.token_ids)
+    upto = int(differ[0]) if len(differ) else len(x.token_ids)
+    return float(np.abs(x.logprobs[:upto] - y.logprobs[:upto]).max(initial=0.0))
+
+
 def _cut_points(rid: str, prompt: list[int], spec: SamplingSpec) -> list[int]:
     ks = {0, 1, spec.max_tokens - 1, BLOCK - len(prompt) + 3 if len(prompt) < BLOCK else 7}
     if rid == "seeded-long":
@@ -124,6 +132,10 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
 
     alone, ref, cuts = loop_thread.run(reference())
     assert all(r.num_tokens == r.sampling.max_tokens for r in ref.values())
+    # The engine's noise floor, measured here: the same samples generated twice uninterrupted, one at
+    # a time and concurrently, differ by this much in their logprobs before any token flips.
+    noise_floor = max(_logprob_gap(alone[rid], ref[rid]) for rid in alone)
+    print(f"noise floor (alone vs concurrent, uninterrupted): max |logprob diff| {noise_floor:.3g}")
 
     # real cuts agree with what the engine generated, and with the sampler's own stream
     real_ks = []
@@ -202,7 +214,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     for (job, rid, _), out in zip(same_schedule, one_by_one, strict=True):
         assert out.inexact is None, (job, out.inexact)
         np.testing.assert_array_equal(out.token_ids, alone[rid].token_ids, err_msg=job)
-        np.testing.assert_allclose(out.logprobs, alone[rid].logprobs, atol=BATCH_VARIANCE, rtol=0, err_msg=job)
+        np.testing.assert_allclose(out.logprobs, alone[rid].logprobs, atol=noise_floor, rtol=0, err_msg=job)
         np.testing.assert_array_equal(out.versions, alone[rid].versions, err_msg=job)
         bit_identical += int(np.sum(out.logprobs == alone[rid].logprobs))
         total += out.num_tokens
@@ -223,7 +235,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
         agree = int(differ[0]) if len(differ) else out.num_tokens
         assert agree > rec.num_tokens or rec.num_tokens == 0 or len(differ) == 0, f"{job}: diverged inside its prefix"
         np.testing.assert_allclose(
-            out.logprobs[:agree], ref[rid].logprobs[:agree], atol=BATCH_VARIANCE, rtol=0, err_msg=job
+            out.logprobs[:agree], ref[rid].logprobs[:agree], atol=noise_floor, rtol=0, err_msg=job
         )
         identical += len(differ) == 0
     assert checked >= 10

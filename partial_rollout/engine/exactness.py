@@ -15,14 +15,6 @@ from __future__ import annotations
 from partial_rollout.engine import sampling_options
 from partial_rollout.snapshot import SamplingSpec
 
-BATCH_LOGPROB_TOLERANCE = 0.1
-"""Largest |logprob difference| counted as a match between a continuation and the uninterrupted run.
-
-vLLM's CPU kernels are not batch-invariant: one request's logprobs move in the last bits with the
-batch it shares a step with, in uninterrupted runs too (measured up to 0.038 in bf16 on this
-project's CPU machines; see docs/exact_resume.md). Under the same batch composition the difference
-is exactly 0."""
-
 PENALTIES = "presence/frequency penalties count only output tokens; after a resume the prefix is prompt"
 UNSEEDED = "unseeded sampling draws from the engine's shared generator, which a resume cannot restore"
 
