@@ -2,10 +2,12 @@
 
 A resumed sample is a *new* vLLM request whose prompt is ``prompt + prefix``. It reproduces the
 uninterrupted run token for token when (a) the model gives the same logits for the prefix whether
-it was decoded incrementally or prefilled at once (observed bit-identical on vLLM's CPU kernels with
-the tiny models; a property of kernels, not a theorem), and (b) the sampler makes the same draws.
-(b) holds for greedy sampling, and for seeded sampling once the request's generator state is
-restored. It fails where vLLM's sampling depends on what counts as *output*, or on a generator the
+it was decoded incrementally or prefilled at once, and (b) the sampler makes the same draws. (a) is
+a property of the kernels, and vLLM's CPU kernels do not have it exactly: continued tokens' logprobs
+differ from the uninterrupted run's by up to 0.034 in bf16 and 6e-6 in float32 (the tiny Llama at
+1,024-token prefixes), enough to flip a near-tie now and then (docs/exact_resume.md has the measured
+rates). (b) holds for greedy sampling, and for seeded sampling once the request's generator state
+is restored. It fails where vLLM's sampling depends on what counts as *output*, or on a generator the
 request does not own. Each such case is named here (options in ``SamplingSpec.extra`` in
 :mod:`~partial_rollout.engine.sampling_options`) and recorded per sample as ``inexact``.
 """
