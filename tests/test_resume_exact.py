@@ -190,7 +190,8 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
                 logprobs=[-1.0] * 4,
                 versions=[0] * 4,
             )
-            stop_spec = SamplingSpec(max_tokens=50, temperature=0.0, stop=(engine._decode([40, 41, 42])[-2:],))
+            stop = engine._tokenizer.decode([40, 41, 42])[-2:]
+            stop_spec = SamplingSpec(max_tokens=50, temperature=0.0, stop=(stop,))
             stop_cut = SampleRecord(
                 index=0,
                 state=SampleState.IN_FLIGHT,

@@ -56,11 +56,8 @@ def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path) -> Non
         assert json.loads((run_dir / "audit.json").read_text()) == audit(run_dir / "events.jsonl").to_json() | {
             k: report[k] for k in ("wall_s", "attempts", "kill_after_events")
         }
-    print(
-        json.dumps(
-            {k: {f: r[f] for f in ("lost", "duplicated", "tokens_continued", "attempts")} for k, r in reports.items()}
-        )
-    )
+    shown = ("lost", "duplicated", "tokens_continued", "attempts")
+    print(json.dumps({side: {f: r[f] for f in shown} for side, r in (("on", on), ("off", off))}))
 
     for report in (on, off):
         assert report["complete"], "the resumed run did not reach its end"
