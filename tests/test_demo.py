@@ -25,7 +25,7 @@ SEED = 3
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo")
-    args = argparse.Namespace(out=str(out), seed=SEED, steps=None, config=str(FAST))
+    args = argparse.Namespace(out=str(out), seed=SEED, steps=None, config=str(FAST), trainer="reference")
     code = demo.run(args)
     return {"code": code, "out": out, "results": json.loads((out / "audit.json").read_text())}
 

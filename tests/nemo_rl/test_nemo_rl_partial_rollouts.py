@@ -83,7 +83,9 @@ from nemo_rl.algorithms.single_controller import SingleControllerActor
 from partial_rollout.errors import ConfigError
 from partial_rollout_integrations.nemo_rl import seams
 seams.check_seams()  # the tested commit has every seam
-del SingleControllerActor.__ray_metadata__.modified_class._save_checkpoint
+for klass in SingleControllerActor.__ray_metadata__.modified_class.__mro__:  # Ray's class and NeMo RL's
+    if "_save_checkpoint" in vars(klass):
+        delattr(klass, "_save_checkpoint")
 try:
     seams.check_seams()
 except ConfigError as e:
