@@ -66,8 +66,11 @@ def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path) -> Non
     assert (on["lost"], on["duplicated"], on["stranded"]) == (0, 0, 0), on["lost_ids"] + on["duplicated_ids"]
     assert on["cursor_mismatches"] == []
     assert on["tokens_continued"] > 0
-    # The prompts yielded on the effective timeline are the loader's order: none skipped, none repeated.
-    assert on["yield_order"] == [f"e0:{i}" for i in range(48)]
+    # The prompts yielded on the effective timeline are the unshuffled loader's order, which is what an
+    # uninterrupted run yields: none skipped, none repeated (how far it got depends on when training
+    # reached max_num_steps, so it may stop short of the epoch).
+    order = on["yield_order"]
+    assert order == [f"e0:{i}" for i in range(len(order))] and len(order) >= on["trained"]
     # Flag off: the same kill on the same NeMo RL loses the prompts its checkpoint left out.
     assert off["lost"] > 0
     assert off["tokens_continued"] == 0
