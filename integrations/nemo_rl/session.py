@@ -194,7 +194,10 @@ class Session:
             )
         finally:
             del self._running[rid]
-        prefix = 0 if resume_from is None else resume_from.num_tokens
+        # Continued tokens: a saved prefix the engine went on from. A sample saved finished (generated,
+        # not yet scored at the cut) is kept whole, not continued.
+        continued = resume_from is not None and resume_from.state is SampleState.IN_FLIGHT
+        prefix = resume_from.num_tokens if continued else 0
         self._generated[(ctx.group_id, ctx.index)] = (record, prefix)
         return record
 

@@ -65,7 +65,8 @@ def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path) -> Non
     # Flag on: nothing lost or duplicated, restored groups all finished, in-flight prefixes continued.
     assert (on["lost"], on["duplicated"], on["stranded"]) == (0, 0, 0), on["lost_ids"] + on["duplicated_ids"]
     assert on["cursor_mismatches"] == []
-    assert on["tokens_continued"] > 0
+    (resume,) = on["resumes"]
+    assert 0 < on["tokens_continued"] <= resume["prefix_tokens_at_save"]
     # The prompts yielded on the effective timeline are the unshuffled loader's order, which is what an
     # uninterrupted run yields: none skipped, none repeated (how far it got depends on when training
     # reached max_num_steps, so it may stop short of the epoch).
