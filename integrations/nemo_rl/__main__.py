@@ -97,15 +97,41 @@ def check_supported(master_config: Any, config: PartialRolloutsConfig, *, gpu: b
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def read_config(argv: list[str] | None, *, description: str, gpu: bool = False) -> tuple[Any, PartialRolloutsConfig]:
+    """``--config`` and Hydra overrides as NeMo RL's ``MasterConfig``, and our block, checked for support.
+
+    Raises:
+        BadInputError: a bad config value, or a NeMo RL or configuration the hooks cannot serve.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="NeMo RL YAML config")
     args, overrides = parser.parse_known_args(argv)
+    master_config = load_master_config(args.config, overrides)
+    config = PartialRolloutsConfig.from_checkpointing(master_config.checkpointing)
+    if config.active:
+        check_supported(master_config, config, gpu=gpu)
+    return master_config, config
+
+
+def run_controller(master_config: Any, config: PartialRolloutsConfig, actor_args: Any, timing: Any) -> int:
+    """Start the controller (ours when the block is active, NeMo RL's otherwise) and run it to its end."""
+    import ray
+    from nemo_rl.algorithms.single_controller import SingleControllerActor
+
+    from partial_rollout_integrations.nemo_rl.controller import controller_class
+
+    actor_cls = controller_class() if config.active else SingleControllerActor
+    controller = actor_cls.remote(master_config=master_config, actor_args=actor_args, setup_timing_metrics=timing)
     try:
-        master_config = load_master_config(args.config, overrides)
-        config = PartialRolloutsConfig.from_checkpointing(master_config.checkpointing)
-        if config.active:
-            check_supported(master_config, config)
+        print(f"SC run complete: {ray.get(controller.run.remote())}", flush=True)
+    finally:
+        actor_args.gen_handle.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        master_config, config = read_config(argv, description=__doc__)
     except BadInputError as e:
         print(f"partial-rollout: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -115,26 +141,15 @@ def main(argv: list[str] | None = None) -> int:
 def run(master_config: Any, config: PartialRolloutsConfig) -> int:
     import ray
     from nemo_rl.algorithms.metric_utils import SetupTimingMetrics
-    from nemo_rl.algorithms.single_controller import SingleControllerActor
 
     from partial_rollout_integrations.nemo_rl import cpu
-    from partial_rollout_integrations.nemo_rl.controller import controller_class
 
     if master_config.cluster["gpus_per_node"] > 0:
         raise SystemExit("partial-rollout: the GPU launcher is NeMo RL's examples/run_grpo_single_controller.py")
     harness = cpu.CpuHarnessConfig(**(master_config.model_extra or {}).get(CPU_BLOCK, {}))
     ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=True)
     actor_args = cpu.build_actor_args(master_config, harness)
-    actor_cls = controller_class() if config.active else SingleControllerActor
-    controller = actor_cls.remote(
-        master_config=master_config, actor_args=actor_args, setup_timing_metrics=SetupTimingMetrics()
-    )
-    try:
-        result = ray.get(controller.run.remote())
-        print(f"SC run complete: {result}", flush=True)
-    finally:
-        actor_args.gen_handle.shutdown()
-    return 0
+    return run_controller(master_config, config, actor_args, SetupTimingMetrics())
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ Run with ``python -m partial_rollout_integrations.nemo_rl.gpu --config C.yaml [+
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -353,24 +352,16 @@ def wrap_actor_args(actor_args: Any, master_config: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """NeMo RL's ``examples/run_grpo_single_controller.py`` with partial rollouts, on GPUs (untested)."""
-    from nemo_rl.algorithms.single_controller import SingleControllerActor
     from nemo_rl.algorithms.single_controller_utils import setup_single_controller
     from nemo_rl.algorithms.utils import get_tokenizer
     from nemo_rl.distributed.virtual_cluster import init_ray
     from nemo_rl.models.generation import configure_generation_config
 
     from partial_rollout.errors import EXIT_BAD_INPUT, BadInputError
-    from partial_rollout_integrations.nemo_rl.__main__ import check_supported, load_master_config
-    from partial_rollout_integrations.nemo_rl.controller import controller_class
+    from partial_rollout_integrations.nemo_rl.__main__ import read_config, run_controller
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--config", required=True, help="NeMo RL YAML config")
-    args, overrides = parser.parse_known_args(argv)
     try:
-        master_config = load_master_config(args.config, overrides)
-        config = PartialRolloutsConfig.from_checkpointing(master_config.checkpointing)
-        if config.active:
-            check_supported(master_config, config, gpu=True)
+        master_config, config = read_config(argv, description=str(main.__doc__), gpu=True)
         install_worker_resolution(config)
     except BadInputError as e:
         print(f"partial-rollout: {e}", file=sys.stderr)
@@ -381,13 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     actor_args, timing = setup_single_controller(master_config, tokenizer)
     if config.enabled:
         actor_args = wrap_actor_args(actor_args, master_config)
-    actor_cls = controller_class() if config.active else SingleControllerActor
-    controller = actor_cls.remote(master_config=master_config, actor_args=actor_args, setup_timing_metrics=timing)
-    try:
-        print(f"SC run complete: {ray.get(controller.run.remote())}", flush=True)
-    finally:
-        actor_args.gen_handle.shutdown()
-    return 0
+    return run_controller(master_config, config, actor_args, timing)
 
 
 if __name__ == "__main__":
