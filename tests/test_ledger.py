@@ -454,9 +454,10 @@ def test_a_failed_write_names_the_previous_save_again_and_the_next_one_works(tmp
         ledger.cut(second, trainer_step=8, policy_version=8, fingerprints=FP, loader_state=None)
 
 
-def resumed_log(tmp_path: Path, *, finish_after_resume: bool, redo: list[str], whole: list[str] | None = None) -> Path:
+def resumed_log(tmp_path: Path, *, finish_after_resume: bool, redo: list[str], running: tuple[str, ...] = ()) -> Path:
     """p1 yields a, b; dispatches b with two samples, one finished; saves; yields c, d and dies.
-    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to, ends."""
+    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to, ends with the
+    engine still generating the requests ``running``."""
     path = tmp_path / "events.jsonl"
     folder = tmp_path / "step_1"
     folder.mkdir(parents=True)
@@ -479,7 +480,7 @@ def resumed_log(tmp_path: Path, *, finish_after_resume: bool, redo: list[str], w
     if finish_after_resume:
         p2.finish("b", finished(1, n=6), prefix_tokens=4)
         p2.consume(["b"], step=2)
-    p2.record_end(step=2)
+    p2.record_end(step=2, running=running)
     return path
 
 
@@ -503,6 +504,26 @@ def test_audit_an_evicted_or_regenerated_restored_group_is_not_stranded(tmp_path
     lines.append(json.dumps({**json.loads(end), "seq": seq + 1, "outstanding": ["c", "d"]}))
     path.write_text("\n".join(lines) + "\n")
     assert audit(path).stranded == 0
+
+
+def test_audit_a_continuation_the_last_step_cut_short_is_not_stranded(tmp_path: Path) -> None:
+    """A CI run resumed with a long sample in flight, reached its last step on shorter groups first and
+    ended with that sample still generating: the audit called it stranded. The end event now says which
+    samples the engine was still generating; only those are excused."""
+    path = resumed_log(tmp_path / "cut_short", finish_after_resume=False, redo=["c", "d"], running=("b/1", "c/0"))
+    end = next(e for e in read_events(path) if e["event"] == "end")
+    assert end["in_flight"] == {"b": [1]}  # c is pending: no request of it can be running
+    report = audit(path)
+    assert report.stranded == 0 and report.clean and report.outstanding_at_end == 3
+    # Nothing more: the engine generating another sample of b, or nothing at all, leaves b stranded.
+    for name, running in (("other", ("b/0",)), ("none", ())):
+        report = audit(resumed_log(tmp_path / name, finish_after_resume=False, redo=["c", "d"], running=running))
+        assert report.stranded_ids == ["b"] and not report.clean, name
+    # A damaged list is refused by name, as in a save event.
+    path = resumed_log(tmp_path / "bad_field", finish_after_resume=False, redo=[], running=("b/1",))
+    path.write_text(path.read_text().replace('"in_flight":{"b":[1]}', '"in_flight":{"b":"1"}'))
+    with pytest.raises(AuditError, match="'in_flight' must map prompt ids to lists of sample indices"):
+        audit(path)
 
 
 def test_audit_checks_the_loader_cursor_against_the_killed_process(tmp_path: Path) -> None:

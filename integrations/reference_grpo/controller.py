@@ -182,7 +182,8 @@ class GRPOLoop:
             self.ledger.log(ENGINE_PROGRESS, tokens_received=progress.tokens_received, live_tokens=progress.live_tokens)
         finally:
             self._bar.close()
-        self.ledger.record_end(step=self.step)
+        # Restored continuations may still be running: the run stops at its last step without waiting for them.
+        self.ledger.record_end(step=self.step, running=progress.live_tokens)
         return {
             "step": self.step,
             "rewards": self.rewards,

@@ -13,6 +13,7 @@ nothing. The cut-away events are *rolled back*: their work was redone, which is 
 - *trained*: prompts with a ``consume`` event.
 - *evicted*: prompts with an ``evict`` event (on purpose; by reason).
 - *outstanding at end*: the ``end`` event's list: yielded, not trained yet when training stopped.
+  Its ``in_flight`` maps groups to the samples the engine was still generating then.
 - *duplicated*: prompts consumed more than once, or yielded more than once (a resume that re-yields
   a prompt it also restored would train it twice).
 - *lost*: yielded but neither trained, evicted, nor outstanding at the end. Each lost prompt is
@@ -27,8 +28,10 @@ lost, so these close the ways work could hide there):
 
 - *stranded*: a group saved in flight and restored by a resume must produce a ``finish`` event for
   every sample it had unfinished (or be evicted, or regenerated, with a reason) before the run ends
-  or before the next save that a later resume uses, unless that save holds it in flight again.
-  A resume that silently dropped a continuation leaves it stranded.
+  or before the next save that a later resume uses, unless that save holds it in flight again, or
+  the ``end`` event lists every such sample as still generating (training reached its last step
+  first; the run does not wait for work it will not train on). A resume that silently dropped a
+  continuation leaves it stranded: the engine was not generating it.
 - *cursor*: the prompts a killed process yielded after the save are the prompts the resumed process
   yields after the resume, in the same order (the loader is deterministic from its saved cursor;
   ``cursor_mismatches``).
@@ -97,7 +100,8 @@ class AuditReport:
     yield_order: list[str] = field(default_factory=list)
     """Prompts in the order they were yielded on the effective timeline."""
     stranded: int = 0
-    """Groups restored in flight at a resume that never finished, nor were evicted or regenerated."""
+    """Groups restored in flight at a resume that never finished, nor were evicted or regenerated, nor
+    were still being generated when the run ended."""
     stranded_ids: list[str] = field(default_factory=list)
     cursor_mismatches: list[dict[str, Any]] = field(default_factory=list)
     """Per resume whose resumed process yielded other prompts than the killed one did after the save:
@@ -239,10 +243,11 @@ def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | N
         segment = timeline[start + 1 : following]
         save = r["save"] or {}
         stranded_here: list[str] = []
-        if following is not None or end is not None:  # else the run may still finish them
-            carried = save_at[following] if following is not None else {}
-            stranded_here = _stranded(save, segment, carried)
-            stranded |= set(stranded_here)
+        if following is not None:
+            stranded_here = _stranded(save, segment, saved_again=save_at[following].get("in_flight", {}))
+        elif end is not None:  # else the run may still finish them
+            stranded_here = _stranded(save, segment, running=end.get("in_flight", {}))
+        stranded |= set(stranded_here)
         mismatch = _first_difference(
             [e["prompt"] for e in rolled if e["event"] == EventKind.YIELD],
             [e["prompt"] for e in segment if e["event"] == EventKind.YIELD],
@@ -302,10 +307,22 @@ def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | N
     )
 
 
-def _stranded(save: dict[str, Any], segment: list[dict[str, Any]], carried: dict[str, Any]) -> list[str]:
-    """Groups ``save`` held in flight that ``segment`` (the events after the resume from it) never
-    finished, evicted or regenerated, and that the next save used by a resume (``carried``) does not
-    hold in flight again."""
+def _stranded(
+    save: dict[str, Any],
+    segment: list[dict[str, Any]],
+    *,
+    saved_again: dict[str, list[int]] | None = None,
+    running: dict[str, list[int]] | None = None,
+) -> list[str]:
+    """Groups ``save`` held in flight whose unfinished samples ``segment`` (the events after the resume
+    from it) never finished, evicted or regenerated.
+
+    Not stranded: a group the next save used by a resume holds in flight again (``saved_again``, that
+    save's ``in_flight``), whole, since its capture may have found samples finished that no ``finish``
+    event reports yet; and a group whose every waiting sample the engine was still generating when
+    the run ended (``running``, the ``end`` event's ``in_flight``), sample by sample.
+    """
+    saved_again, running = saved_again or {}, running or {}
     waiting = {group: set(samples) for group, samples in save.get("in_flight", {}).items()}
     for event in segment:
         group = event.get("prompt")
@@ -315,8 +332,11 @@ def _stranded(save: dict[str, Any], segment: list[dict[str, Any]], carried: dict
             waiting[group].discard(event.get("sample"))
         elif event["event"] in (EventKind.EVICT, EventKind.REGENERATE):
             waiting[group].clear()
-    held_again = carried.get("in_flight", {})
-    return sorted(group for group, samples in waiting.items() if samples and group not in held_again)
+    return sorted(
+        group
+        for group, samples in waiting.items()
+        if samples and group not in saved_again and not samples <= set(running.get(group, ()))
+    )
 
 
 def _first_difference(a: list[str], b: list[str]) -> tuple[int, str, str] | None:
@@ -338,7 +358,7 @@ def _check_fields(event: dict[str, Any], *, path: str | os.PathLike[str], line: 
             raise AuditError(what, path=path, field=f"line {line}")
     if event["event"] == EventKind.END and not all(isinstance(p, str) for p in event["outstanding"]):
         raise AuditError("'outstanding' must list prompt ids (strings)", path=path, field=f"line {line}")
-    if event["event"] == EventKind.SAVE and "in_flight" in event:
+    if event["event"] in (EventKind.SAVE, EventKind.END) and "in_flight" in event:
         held = event["in_flight"]
         if not isinstance(held, dict) or not all(
             isinstance(v, list) and all(type(i) is int for i in v) for v in held.values()

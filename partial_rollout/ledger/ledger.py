@@ -308,9 +308,23 @@ class WorkLedger:
         """Mark a resume from :attr:`last_save_id`: an audit rolls back everything logged after that save."""
         self._emit(EventKind.RESUME, save_id=self.last_save_id, **fields)
 
-    def record_end(self, *, step: int) -> None:
-        """Mark a run that reached its end, listing the groups still outstanding (not lost: just untrained)."""
-        self._emit(EventKind.END, step=step, outstanding=list(self._groups), durable=True)
+    def record_end(self, *, step: int, running: Collection[str] = ()) -> None:
+        """Mark a run that reached its end, listing the groups still outstanding (not lost: just untrained).
+
+        Args:
+            step: the last training step.
+            running: the :func:`request_id` of every request the engine was still generating when
+                training stopped. The ``end`` event's ``in_flight`` maps each in-flight group to those
+                of its samples, so an audit can tell a continuation the end of the run cut short
+                from one the trainer never resubmitted.
+        """
+        live = set(running)
+        in_flight = {}
+        for group in self.groups(GroupState.IN_FLIGHT):
+            indices = [i for i in range(len(group.samples)) if request_id(group.group_id, i) in live]
+            if indices:
+                in_flight[group.group_id] = indices
+        self._emit(EventKind.END, step=step, outstanding=list(self._groups), in_flight=in_flight, durable=True)
 
     # ---------------------------------------------------------------- checkpointing
 
