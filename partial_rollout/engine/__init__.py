@@ -4,10 +4,12 @@ Trainers depend on :class:`RolloutEngine` only. :class:`ResumableEngine` is one 
 process; :class:`EnginePool` puts one or more of them, in-process or in Ray actors
 (:class:`RemoteEngine`), behind the same interface. An engine someone else starts (a trainer's own
 vLLM worker) is started from :func:`with_worker_hooks` and taken over with
-:meth:`ResumableEngine.attach`.
+:meth:`ResumableEngine.attach`. When a Ray-actor engine of a pool dies, its requests continue on the
+others from the tokens received (:class:`Failover` reports it; :class:`NoEngineLeftError` when none is left).
 """
 
 from partial_rollout.engine.factory import EngineConfig
+from partial_rollout.engine.failover import EngineDiedError, Failover, NoEngineLeftError
 from partial_rollout.engine.pool import EnginePool, RemoteEngine
 from partial_rollout.engine.protocol import Capabilities, Cut, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine, with_worker_hooks
@@ -16,7 +18,10 @@ __all__ = [
     "Capabilities",
     "Cut",
     "EngineConfig",
+    "EngineDiedError",
     "EnginePool",
+    "Failover",
+    "NoEngineLeftError",
     "Progress",
     "RemoteEngine",
     "ResumableEngine",

@@ -5,19 +5,24 @@ same code path here: every engine is a :class:`~partial_rollout.engine.resumable
 (inside an actor, :class:`RemoteEngine` forwards each declared method to it), and the pool spreads
 requests over the engines by least outstanding work. A cut is a cut of every engine; its samples
 are engine-agnostic (prefix, logprobs, versions, sampler state), so a resume may use any number of
-engines: N at the save, M at the resume.
+engines: N at the save, M at the resume. A Ray-actor engine streams each request's tokens to the
+pool as it generates them, so when its actor dies the pool continues its requests on the engines
+left from the tokens received (:mod:`~partial_rollout.engine.failover`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
+from partial_rollout.engine import failover
 from partial_rollout.engine.factory import EngineConfig
 from partial_rollout.engine.protocol import Capabilities, Cut, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
+
+T = TypeVar("T")
 
 
 class _EngineHost:
@@ -31,6 +36,17 @@ class _EngineHost:
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(self.engine, method)(*args, **kwargs)
 
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[failover.Delta | SampleRecord]:
+        """``generate`` streamed to the caller (a Ray streaming generator): see :func:`failover.stream`."""
+        async for item in failover.stream(self.engine, *args, **kwargs):
+            yield item
+
+
+def _why(exc: BaseException) -> str:
+    """One line of Ray's several-line actor error: its kind, and its last line (why the actor died)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"the engine's Ray actor died ({type(exc).__name__}: {lines[-1] if lines else 'no reason given'})"
+
 
 class RemoteEngine:
     """An engine inside a Ray actor (this node or another), as a :class:`RolloutEngine`."""
@@ -38,8 +54,39 @@ class RemoteEngine:
     def __init__(self, actor: Any) -> None:
         self._actor = actor
 
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (to place work next to it, or to kill it in a failover test)."""
+        return self._actor
+
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await self._actor.call.remote(method, *args, **kwargs)
+        from ray.exceptions import RayActorError
+
+        try:
+            return await self._actor.call.remote(method, *args, **kwargs)
+        except RayActorError as exc:
+            raise failover.EngineDiedError(f"{method}: {_why(exc)}") from exc
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> AsyncIterator[failover.Delta | SampleRecord]:
+        """:meth:`generate` with each request's new tokens delivered as they come (the pool holds the prefix)."""
+        from ray.exceptions import RayActorError
+
+        refs = self._actor.stream.remote(
+            request_id, list(prompt_token_ids), sampling, index=index, resume_from=resume_from
+        )
+        try:
+            async for ref in refs:
+                yield await ref
+        except RayActorError as exc:
+            raise failover.EngineDiedError(f"{request_id}: {_why(exc)}") from exc
 
     async def generate(
         self,
@@ -92,6 +139,8 @@ class EnginePool:
             raise ValueError("an engine pool needs at least one engine")
         self.engines: list[RolloutEngine] = list(engines)
         self._outstanding = [0] * len(self.engines)
+        self.failover = failover.Tracker()
+        """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
     @classmethod
     async def local(cls, config: EngineConfig, **options: Any) -> EnginePool:
@@ -124,54 +173,101 @@ class EnginePool:
         index: int,
         resume_from: SampleRecord | None = None,
     ) -> SampleRecord:
-        """Run one sample on the least busy engine."""
-        i = min(range(len(self.engines)), key=self._outstanding.__getitem__)
-        self._outstanding[i] += 1
-        try:
-            return await self.engines[i].generate(
-                request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
-            )
-        finally:
-            self._outstanding[i] -= 1
+        """Run one sample on the least busy engine; if that engine dies, continue it on another.
+
+        Raises:
+            failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
+                and in :meth:`pause_and_capture`'s cut).
+        """
+        received = failover.Received(index=index, sampling=sampling, base=resume_from)
+        while True:
+            alive = self._alive()
+            if not alive:
+                raise failover.NoEngineLeftError(
+                    f"{request_id}: all {len(self.engines)} engines of the pool have died"
+                    f" ({'; '.join(self.failover.dead.values())}); save a checkpoint and restart with working engines",
+                    received.record(),
+                )
+            i = min(alive, key=self._outstanding.__getitem__)
+            engine = self.engines[i]
+            self._outstanding[i] += 1
+            try:
+                if not isinstance(engine, RemoteEngine):
+                    return await engine.generate(
+                        request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
+                    )
+                self.failover.hold(i, request_id, received)
+                items = engine.stream(
+                    request_id, prompt_token_ids, sampling, index=index, resume_from=received.resume_from()
+                )
+                record = await failover.follow(items, received)
+                self.failover.release(request_id)
+                return record
+            except failover.EngineDiedError as exc:
+                self.failover.lost(i, request_id, exc)
+            except BaseException:
+                self.failover.release(request_id)
+                raise
+            finally:
+                self._outstanding[i] -= 1
+
+    def _alive(self) -> list[int]:
+        return [i for i in range(len(self.engines)) if i not in self.failover.dead]
+
+    async def _each(self, call: Callable[[RolloutEngine], Awaitable[T]]) -> list[T]:
+        """``call`` on every live engine, concurrently; an engine found dead is left out from then on."""
+        alive = self._alive()
+        results = await asyncio.gather(*[call(self.engines[i]) for i in alive], return_exceptions=True)
+        for i, r in zip(alive, results, strict=True):
+            if isinstance(r, failover.EngineDiedError):
+                self.failover.died(i, r)
+        errors = [r for r in results if isinstance(r, BaseException) and not isinstance(r, failover.EngineDiedError)]
+        if errors:
+            raise errors[0]
+        return [r for r in results if not isinstance(r, BaseException)]
 
     async def pause_and_capture(self) -> Cut:
-        """Pause every engine concurrently and merge their cuts; call :meth:`resume` after."""
-        cuts = await asyncio.gather(*[e.pause_and_capture() for e in self.engines], return_exceptions=True)
-        errors = [c for c in cuts if isinstance(c, BaseException)]
-        if errors:
+        """Pause every engine concurrently and merge their cuts; call :meth:`resume` after.
+
+        A request that no engine's cut holds (its engine died, or it is moving to another) is cut
+        with the prefix the pool received of it; with every engine dead, the cut is all of those.
+        """
+        try:
+            done = await self._each(lambda e: e.pause_and_capture())
+        except BaseException:
             await self.resume()
-            raise errors[0]
-        done = [c for c in cuts if isinstance(c, Cut)]
+            raise
         samples: dict[str, SampleRecord] = {}
         for c in done:
             samples.update(c.samples)
+        samples.update(self.failover.records(skip=samples))
         # The slowest engine's pause and the first engine's stop bound every engine's idle time.
         return Cut(
             samples=samples,
-            pause_s=max(c.pause_s for c in done),
-            stop_s=min(c.stop_s for c in done),
+            pause_s=max((c.pause_s for c in done), default=0.0),
+            stop_s=min((c.stop_s for c in done), default=0.0),
             engine_tokens=sum(c.engine_tokens for c in done),
         )
 
     async def resume(self) -> None:
-        await asyncio.gather(*[e.resume() for e in self.engines])
+        await self._each(lambda e: e.resume())
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
-        await asyncio.gather(*[e.update_weights(weights_dir, policy_version) for e in self.engines])
+        await self._each(lambda e: e.update_weights(weights_dir, policy_version))
 
     async def fingerprints(self) -> Fingerprints:
-        prints = await asyncio.gather(*[e.fingerprints() for e in self.engines])
+        prints = await self._each(lambda e: e.fingerprints())
         if any(p != prints[0] for p in prints):
             raise ValueError(f"the engines of one pool serve different models: {sorted({str(p) for p in prints})}")
         return prints[0]
 
     async def capabilities(self) -> Capabilities:
         """The weakest engine's: a cut is only as exact as its least capable engine."""
-        caps = await asyncio.gather(*[e.capabilities() for e in self.engines])
+        caps = await self._each(lambda e: e.capabilities())
         return min(caps, key=lambda c: (c.exact, c.verified_cut))
 
     async def progress(self) -> Progress:
-        parts = await asyncio.gather(*[e.progress() for e in self.engines])
+        parts = await self._each(lambda e: e.progress())
         live: dict[str, int] = {}
         for p in parts:
             live.update(p.live_tokens)
@@ -185,7 +281,7 @@ class EnginePool:
         )
 
     async def reset_prefix_cache(self) -> None:
-        await asyncio.gather(*[e.reset_prefix_cache() for e in self.engines])
+        await self._each(lambda e: e.reset_prefix_cache())
 
     async def shutdown(self) -> None:
-        await asyncio.gather(*[e.shutdown() for e in self.engines])
+        await self._each(lambda e: e.shutdown())

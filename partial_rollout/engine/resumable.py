@@ -19,6 +19,7 @@ from typing import Any
 
 from partial_rollout.engine import continuation, cut, orphan_guard, sampling_options, stops, vllm_internals
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
+from partial_rollout.engine.failover import Delta
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.progress import StepCount, step_logger_factory
 from partial_rollout.engine.protocol import Capabilities, Cut, Progress
@@ -215,6 +216,7 @@ class ResumableEngine:
         *,
         index: int,
         resume_from: SampleRecord | None = None,
+        on_delta: Callable[[Delta], None] | None = None,
     ) -> SampleRecord:
         """Generate sample ``index`` to the end; with ``resume_from``, continue that saved prefix.
 
@@ -223,6 +225,10 @@ class ResumableEngine:
         finished, or whose prefix already ends the generation, is returned without engine work; so
         is one whose prompt + prefix no longer fits this engine's ``max_model_len`` (finished as
         ``"length"``, with a warning), where vLLM would refuse the request.
+
+        ``on_delta`` is called with the tokens of each output as it arrives (their logprobs and policy
+        versions too), so that a caller in another process always holds the request's prefix
+        (:func:`~partial_rollout.engine.failover.stream`).
 
         Raises:
             ValueError: ``resume_from`` is of another sample or sampling, or carries a sampler
@@ -251,7 +257,7 @@ class ResumableEngine:
                 )
                 return dataclasses.replace(base, state=SampleState.FINISHED, finish_reason="length", sampler_state=None)
             if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
-                record = await self.generate(request_id, prompt_token_ids, sampling, index=index)
+                record = await self.generate(request_id, prompt_token_ids, sampling, index=index, on_delta=on_delta)
                 return dataclasses.replace(record, inexact=base.inexact) if base.inexact else record
         from vllm.inputs import TokensPrompt
 
@@ -282,7 +288,11 @@ class ResumableEngine:
                     if new:
                         if completion.logprobs is None or len(completion.logprobs) != len(new):
                             raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
-                        req.logprobs.extend(lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True))
+                        logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True)]
+                        req.logprobs.extend(logprobs)
+                        if on_delta is not None:
+                            version = req.version_starts[-1][0]
+                            on_delta(Delta(token_ids=list(new), logprobs=logprobs, versions=[version] * len(new)))
                     stitched = req.stitched_end(len(new))
                     if stitched is not None:  # a stop string begun in the prefix, which vLLM cannot see
                         req.finished = stitched

@@ -14,10 +14,11 @@
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
-from partial_rollout.ledger.events import EVENTS_FILENAME, TRAIN_STEP, EventKind, EventLog, read_events
+from partial_rollout.ledger.events import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventKind, EventLog, read_events
 from partial_rollout.ledger.ledger import LedgerCut, WorkLedger, request_id
 
 __all__ = [
+    "ENGINE_FAILOVER",
     "EVENTS_FILENAME",
     "TRAIN_STEP",
     "AuditError",

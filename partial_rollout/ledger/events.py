@@ -70,6 +70,11 @@ TRAIN_STEP = "train_step"
 """``kind`` of the :attr:`EventKind.LOG` event a trainer writes per training step (``step``, metrics):
 the audit's reward curve, and the kill harness's measure of progress."""
 
+ENGINE_FAILOVER = "engine_failover"
+"""``kind`` of the :attr:`EventKind.LOG` event a trainer writes when an engine died and its requests moved
+to the engines left (``engine``, ``requests``, ``tokens_carried``, ``carried`` per request, ``error``:
+:meth:`partial_rollout.engine.failover.Failover.fields`)."""
+
 
 class EventLog:
     """Append-only writer of ``events.jsonl``."""

@@ -1,0 +1,258 @@
+"""An engine that dies mid-run loses no tokens: its requests continue on the engines that survive.
+
+An engine in a Ray actor streams each request's new tokens to the pool while it generates
+(:func:`stream`), so the trainer's process always holds what every request has produced so far:
+token ids, behaviour logprobs and policy versions (:class:`Received`). When the actor dies (a lost
+node, an out-of-memory kill, ``ray.kill``), the pool resubmits each of its requests to a surviving
+engine with that prefix as ``resume_from``. The generator state died with the engine, so a seeded
+sample continues from a fresh generator and is declared inexact (:meth:`Received.continuation`);
+greedy samples stay exact. No token the trainer received is generated twice; tokens the dead
+engine sampled but never delivered are sampled again, as they were never received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from collections.abc import AsyncIterator, Callable, Container, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from partial_rollout.engine import exactness
+from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+
+if TYPE_CHECKING:
+    from partial_rollout.engine.resumable import ResumableEngine
+
+ENGINE_DIED = "the engine that generated the prefix died and its generator state with it"
+"""Why a seeded sample continued after a failover is inexact (see :func:`exactness.no_sampler_state`)."""
+
+
+class EngineDiedError(RuntimeError):
+    """A remote engine's process is gone (its Ray actor died); raised by its calls."""
+
+
+class NoEngineLeftError(RuntimeError):
+    """Every engine of the pool has died: a request cannot continue anywhere.
+
+    The trainer still holds every request's prefix (:meth:`EnginePool.pause_and_capture` returns
+    them all), so it can save a checkpoint and stop.
+    """
+
+    def __init__(self, message: str, record: SampleRecord) -> None:
+        super().__init__(message)
+        self.record = record
+        """The request's prefix as the trainer received it, ready to resume from."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delta:
+    """Tokens one request produced since the last delta, as the engine received them from vLLM."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Behaviour logprob of each token (the same kind as the finished record's)."""
+    versions: list[int]
+    """Policy version that sampled each token."""
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
+            raise ValueError(
+                f"a delta's token_ids, logprobs and versions must have equal lengths, got {len(self.token_ids)},"
+                f" {len(self.logprobs)}, {len(self.versions)}"
+            )
+
+    @staticmethod
+    def join(deltas: Sequence[Delta]) -> Delta:
+        """One delta for several in a row (a stream sends what piled up since its last send as one)."""
+        return Delta(
+            token_ids=[t for d in deltas for t in d.token_ids],
+            logprobs=[p for d in deltas for p in d.logprobs],
+            versions=[v for d in deltas for v in d.versions],
+        )
+
+
+async def stream(
+    engine: ResumableEngine,
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    sampling: SamplingSpec,
+    *,
+    index: int,
+    resume_from: SampleRecord | None = None,
+) -> AsyncIterator[Delta | SampleRecord]:
+    """:meth:`ResumableEngine.generate` as a stream: deltas while it runs, then the finished record.
+
+    Deltas that pile up while the consumer is busy (a Ray send in flight) are sent as one.
+    """
+    pending: list[Delta] = []
+    ready = asyncio.Event()
+
+    def push(delta: Delta) -> None:
+        pending.append(delta)
+        ready.set()
+
+    task = asyncio.ensure_future(
+        engine.generate(request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from, on_delta=push)
+    )
+    task.add_done_callback(lambda _: ready.set())
+    try:
+        while True:
+            if pending:
+                batch = Delta.join(pending)
+                pending.clear()
+                yield batch
+                continue
+            if task.done():
+                yield task.result()
+                return
+            ready.clear()
+            await ready.wait()
+    finally:
+        task.cancel()
+
+
+class Received:
+    """What the trainer's process holds of one request: the prefix it was submitted with and every delta since."""
+
+    def __init__(self, *, index: int, sampling: SamplingSpec, base: SampleRecord | None) -> None:
+        self.index = index
+        self.sampling = sampling
+        self.base = base
+        self.token_ids = array("i")
+        """Typed buffers, as in :class:`~partial_rollout.engine.live.LiveRequest`: 12 bytes a token."""
+        self.logprobs = array("f")
+        self.versions = array("i")
+
+    def add(self, delta: Delta) -> None:
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        self.versions.extend(delta.versions)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens received since the request was submitted (its saved prefix not counted)."""
+        return len(self.token_ids)
+
+    def resume_from(self) -> SampleRecord | None:
+        """What to submit this request with, to any engine: :meth:`record`, or nothing for a fresh start."""
+        return None if self.base is None and not self.token_ids else self.record()
+
+    def record(self) -> SampleRecord:
+        """The request as the trainer holds it, to continue on another engine or to save.
+
+        With nothing received, the record it was submitted with (its sampler state still valid: no
+        draw was made since), or a not-started one. Otherwise the prefix stitched with what was
+        received, without a sampler state: a seeded sample is declared inexact.
+        """
+        base = self.base
+        if not self.token_ids:
+            if base is not None:
+                return base
+            reason = exactness.inexact_reason(self.sampling, num_tokens=0, sampler_state=None, capture_unsupported=None)
+            return SampleRecord(index=self.index, state=SampleState.NOT_STARTED, sampling=self.sampling, inexact=reason)
+        tokens = np.frombuffer(self.token_ids, dtype=np.int32).copy()
+        logprobs = np.frombuffer(self.logprobs, dtype=np.float32).copy()
+        versions = np.frombuffer(self.versions, dtype=np.int32).copy()
+        if base is not None:
+            tokens = np.concatenate([base.token_ids, tokens])
+            logprobs = np.concatenate([base.logprobs, logprobs])
+            versions = np.concatenate([base.versions, versions])
+        reason = (None if base is None else base.inexact) or exactness.inexact_reason(
+            self.sampling, num_tokens=len(tokens), sampler_state=None, capture_unsupported=ENGINE_DIED
+        )
+        return SampleRecord(
+            index=self.index,
+            state=SampleState.IN_FLIGHT,
+            sampling=self.sampling,
+            token_ids=tokens,
+            logprobs=logprobs,
+            versions=versions,
+            inexact=reason,
+        )
+
+
+async def follow(items: AsyncIterator[Delta | SampleRecord], received: Received) -> SampleRecord:
+    """Consume a stream into ``received`` and return its finished record."""
+    async for item in items:
+        if isinstance(item, SampleRecord):
+            return item
+        received.add(item)
+    raise RuntimeError("an engine's stream ended without a finished record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failover:
+    """One engine's death and what moved from it, as the event log records it."""
+
+    engine: int
+    """The engine's position in its pool."""
+    error: str
+    """What the first call that noticed the death raised."""
+    carried: dict[str, int]
+    """Each request it held, by id, with the tokens the trainer had received from it: continued on a
+    surviving engine, not generated again."""
+
+    def fields(self) -> dict[str, Any]:
+        """The event's fields (``ledger.log(ENGINE_FAILOVER, **failover.fields())``)."""
+        return {
+            "engine": self.engine,
+            "requests": sorted(self.carried),
+            "tokens_carried": sum(self.carried.values()),
+            "carried": dict(sorted(self.carried.items())),
+            "error": self.error,
+        }
+
+
+class Tracker:
+    """Which engine holds which request, what was received of each, and which engines died.
+
+    Each request notices its engine's death on its own (its stream raises); the failover is
+    reported once, when the last request the dead engine held has moved.
+    """
+
+    def __init__(self) -> None:
+        self.on_failover: Callable[[Failover], None] | None = None
+        """Called once per dead engine (a trainer writes it to its event log)."""
+        self.dead: dict[int, str] = {}
+        """Dead engines by position, with the error that revealed it."""
+        self._held: dict[str, tuple[int | None, Received]] = {}
+        """Every request followed, with its engine (``None`` while it moves to another)."""
+        self._moved: dict[int, dict[str, int]] = {}
+
+    def hold(self, engine: int, request_id: str, received: Received) -> None:
+        self._held[request_id] = (engine, received)
+
+    def on_engine(self, engine: int) -> dict[str, int]:
+        """The requests ``engine`` holds, with the tokens received of each (what a failover would carry)."""
+        return {rid: received.num_tokens for rid, (e, received) in self._held.items() if e == engine}
+
+    def release(self, request_id: str) -> None:
+        self._held.pop(request_id, None)
+
+    def died(self, engine: int, error: BaseException) -> None:
+        """Record that ``engine`` died (noticed by any call to it)."""
+        self.dead.setdefault(engine, f"{type(error).__name__}: {error}")
+        self._report(engine)
+
+    def lost(self, engine: int, request_id: str, error: BaseException) -> None:
+        """``request_id`` lost its engine; it stays followed until another engine holds it."""
+        _, received = self._held[request_id]
+        self._held[request_id] = (None, received)
+        self._moved.setdefault(engine, {})[request_id] = received.num_tokens
+        self.died(engine, error)
+
+    def records(self, *, skip: Container[str] = ()) -> dict[str, SampleRecord]:
+        """What the trainer holds of every request it follows but those in ``skip``, by id: for a request
+        an engine's cut lacks (its engine died, it is moving, or its submission had not reached the
+        engine yet)."""
+        return {rid: received.record() for rid, (_, received) in self._held.items() if rid not in skip}
+
+    def _report(self, engine: int) -> None:
+        if engine not in self._moved or any(e == engine for e, _ in self._held.values()):
+            return
+        carried = self._moved.pop(engine)
+        if self.on_failover is not None:
+            self.on_failover(Failover(engine=engine, error=self.dead[engine], carried=carried))

@@ -1,0 +1,249 @@
+"""An engine that dies mid-run loses no tokens: its requests continue on the engines left.
+
+The engine test kills real Ray actors (``ray.kill``) under real vLLM engines on the tiny Llama:
+one of three while requests are in flight (every request finishes, none is lost or duplicated, and
+no token the pool had received is generated again), a second one right before a cut (the cut still
+holds every request), and the last one (the error says so, and the cut still holds what was received).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from partial_rollout.engine import EngineConfig, EnginePool, NoEngineLeftError
+from partial_rollout.engine.failover import ENGINE_DIED, Delta, Failover, Received, Tracker
+from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, read_events
+from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+
+SEEDED = SamplingSpec(max_tokens=50, temperature=1.0, seed=4, ignore_eos=True)
+GREEDY = SamplingSpec(max_tokens=50, temperature=0.0, ignore_eos=True)
+
+
+def _delta(tokens: list[int], version: int = 0) -> Delta:
+    return Delta(token_ids=tokens, logprobs=[-0.5] * len(tokens), versions=[version] * len(tokens))
+
+
+def test_received_prefix_continues_from_every_token_received() -> None:
+    received = Received(index=2, sampling=SEEDED, base=None)
+    assert received.resume_from() is None  # nothing drawn yet: a fresh start from the seed is exact
+    assert received.record().state is SampleState.NOT_STARTED
+    received.add(Delta.join([_delta([5, 6]), _delta([7], version=1)]))
+    record = received.record()
+    assert record.index == 2 and record.state is SampleState.IN_FLIGHT
+    assert record.token_ids.tolist() == [5, 6, 7] and record.versions.tolist() == [0, 0, 1]
+    assert record.sampler_state is None and ENGINE_DIED in (record.inexact or "")
+
+    greedy = Received(index=0, sampling=GREEDY, base=None)
+    greedy.add(_delta([9]))
+    assert greedy.record().inexact is None  # greedy needs no generator: still exact
+
+
+def test_received_after_a_resume_keeps_the_saved_prefix_and_its_sampler_state_until_a_draw() -> None:
+    base = SampleRecord(
+        index=1,
+        state=SampleState.IN_FLIGHT,
+        sampling=SEEDED,
+        token_ids=[1, 2],
+        logprobs=[-1.0, -2.0],
+        versions=[0, 0],
+        sampler_state=b"state",
+    )
+    received = Received(index=1, sampling=SEEDED, base=base)
+    assert received.resume_from() is base  # nothing drawn since: the saved generator state still holds
+    received.add(_delta([3]))
+    record = received.record()
+    assert record.token_ids.tolist() == [1, 2, 3] and record.logprobs.tolist() == [-1.0, -2.0, -0.5]
+    assert record.sampler_state is None and record.inexact
+
+
+def test_delta_rejects_ragged_fields() -> None:
+    with pytest.raises(ValueError, match="equal lengths"):
+        Delta(token_ids=[1, 2], logprobs=[-1.0], versions=[0, 0])
+
+
+def test_tracker_reports_one_failover_once_every_request_of_the_engine_moved() -> None:
+    tracker = Tracker()
+    reports: list[Failover] = []
+    tracker.on_failover = reports.append
+    a, b, c = (Received(index=0, sampling=GREEDY, base=None) for _ in range(3))
+    a.add(_delta([1, 2]))
+    tracker.hold(0, "a", a)
+    tracker.hold(0, "b", b)
+    tracker.hold(1, "c", c)
+    assert tracker.on_engine(0) == {"a": 2, "b": 0}
+    tracker.lost(0, "a", RuntimeError("gone"))
+    assert not reports and tracker.dead == {0: "RuntimeError: gone"}
+    assert set(tracker.records(skip={"c"})) == {"a", "b"}  # "a" is moving: still followed
+    tracker.lost(0, "b", RuntimeError("gone"))
+    assert [r.fields() for r in reports] == [
+        {
+            "engine": 0,
+            "requests": ["a", "b"],
+            "tokens_carried": 2,
+            "carried": {"a": 2, "b": 0},
+            "error": "RuntimeError: gone",
+        }
+    ]
+    tracker.hold(1, "a", a)
+    tracker.release("a")
+    assert set(tracker.records()) == {"b", "c"}
+
+
+# ---------------------------------------------------------------- real Ray actors, real engines
+
+
+def _spy(engine: Any, attempts: dict[str, list[dict[str, Any]]], index: int) -> None:
+    """Record what each stream of ``engine`` was submitted with and what it delivered (the engine stays real)."""
+    original = engine.stream
+
+    async def stream(request_id, prompt, sampling, *, index: int, resume_from=None):  # type: ignore[no-untyped-def]
+        attempt: dict[str, Any] = {"engine": engine_index, "resume_from": resume_from, "tokens": []}
+        attempts[request_id].append(attempt)
+        async for item in original(request_id, prompt, sampling, index=index, resume_from=resume_from):
+            if isinstance(item, Delta):
+                attempt["tokens"].extend(item.token_ids)
+            yield item
+
+    engine_index = index
+    engine.stream = stream
+
+
+def submit(pool: EnginePool, work: dict[str, tuple[list[int], SamplingSpec]]) -> dict[str, asyncio.Future[Any]]:
+    return {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
+
+
+async def _until(pool: EnginePool, engine: int, requests: set[str], tokens: int) -> None:
+    """Poll until each of ``requests`` that ``engine`` holds has delivered ``tokens`` (the engine's speed varies)."""
+    for _ in range(6000):
+        held = pool.failover.on_engine(engine)
+        if held and all(n >= tokens for rid, n in held.items() if rid in requests):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"engine {engine} never delivered {tokens} tokens per request: {held}")
+
+
+@pytest.mark.engine
+@pytest.mark.ray
+def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_received(
+    loop_thread, tiny_llama: Path, tmp_path: Path
+) -> None:
+    ray = pytest.importorskip("ray")
+    config = EngineConfig(
+        model=str(tiny_llama), max_model_len=1024, multiprocessing=False, kv_cache_memory_bytes=64 * 2**20
+    )
+    rng = random.Random(5)
+
+    def work(prefix: str, n: int) -> dict[str, tuple[list[int], SamplingSpec]]:
+        return {
+            f"{prefix}{i}": (
+                [rng.randrange(4, 500) for _ in range(rng.randrange(8, 40))],
+                SamplingSpec(
+                    max_tokens=500,
+                    temperature=0.0 if i % 3 == 0 else 1.0,
+                    seed=None if i % 3 == 0 else 20 + i,
+                    ignore_eos=True,
+                ),
+            )
+            for i in range(n)
+        }
+
+    first, second, third = work("a", 9), work("b", 4), work("c", 2)
+    log = EventLog(tmp_path / "events.jsonl", fresh=True)
+    attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+
+        async def run() -> dict[str, Any]:
+            pool = await EnginePool.ray(config, 3)
+            pool.failover.on_failover = lambda f: log.append(EventKind.LOG, kind=ENGINE_FAILOVER, **f.fields())
+            for i, engine in enumerate(pool.engines):
+                _spy(engine, attempts, i)
+            out: dict[str, Any] = {}
+            try:
+                # 1. one of three engines dies with requests in flight
+                tasks = submit(pool, first)
+                await _until(pool, 1, set(first), tokens=16)
+                out["on_victim"] = set(pool.failover.on_engine(1))
+                ray.kill(pool.engines[1].actor)  # type: ignore[attr-defined]
+                out["first"] = {rid: await t for rid, t in tasks.items()}
+
+                # 2. a second engine dies right before a cut: the cut still holds every request
+                tasks = submit(pool, second)
+                await _until(pool, 2, set(second), tokens=8)
+                ray.kill(pool.engines[2].actor)  # type: ignore[attr-defined]
+                out["cut"] = await pool.pause_and_capture()
+                await pool.resume()
+                out["second"] = {rid: await t for rid, t in tasks.items()}
+
+                # 3. the last engine dies: every request says so, and a cut still returns what was received
+                tasks = submit(pool, third)
+                await _until(pool, 0, set(third), tokens=8)
+                ray.kill(pool.engines[0].actor)  # type: ignore[attr-defined]
+                out["third"] = await asyncio.gather(*tasks.values(), return_exceptions=True)
+                out["last_cut"] = await pool.pause_and_capture()
+                return out
+            finally:
+                await pool.shutdown()
+
+        out = loop_thread.run(run())
+    finally:
+        ray.shutdown()
+        log.close()
+
+    # 1. every request finished whole, once; the killed engine's continued from exactly what was received
+    first_done: dict[str, SampleRecord] = out["first"]
+    victims = out["on_victim"]
+    assert victims and victims <= set(first)
+    for rid, record in first_done.items():
+        assert record.state is SampleState.FINISHED and record.num_tokens == 500, rid
+        tries = attempts[rid]
+        # decode tokens redone: 0. Everything the engines delivered is in the record exactly once.
+        assert sum(len(t["tokens"]) for t in tries) == record.num_tokens, rid
+        if rid not in victims:
+            assert len(tries) == 1 and record.inexact is None, rid
+            continue
+        dead, moved = tries
+        assert dead["engine"] == 1 and moved["engine"] != 1, rid
+        carried = moved["resume_from"]
+        assert carried.num_tokens == len(dead["tokens"]) >= 16, rid
+        np.testing.assert_array_equal(carried.token_ids, dead["tokens"], err_msg=rid)
+        np.testing.assert_array_equal(record.token_ids[: carried.num_tokens], carried.token_ids, err_msg=rid)
+        np.testing.assert_array_equal(record.logprobs[: carried.num_tokens], carried.logprobs, err_msg=rid)
+        assert record.versions.tolist() == [0] * 500
+        seeded = first[rid][1].seed is not None
+        assert (ENGINE_DIED in (record.inexact or "")) == seeded, (rid, record.inexact)
+
+    events = [e for e in read_events(tmp_path / "events.jsonl") if e.get("kind") == ENGINE_FAILOVER]
+    assert [e["engine"] for e in events] == [1, 2, 0]
+    one = events[0]
+    assert set(one["requests"]) == victims
+    assert one["carried"] == {rid: len(attempts[rid][0]["tokens"]) for rid in victims}
+    assert one["tokens_carried"] == sum(one["carried"].values()) > 0
+    assert "ActorDiedError" in one["error"]
+
+    # 2. the cut right after a death holds every unfinished request, with a prefix of its final tokens
+    cut = out["cut"]
+    second_done: dict[str, SampleRecord] = out["second"]
+    assert set(second) <= set(cut.samples)
+    for rid, record in second_done.items():
+        assert record.state is SampleState.FINISHED and record.num_tokens == 500, rid
+        assert sum(len(t["tokens"]) for t in attempts[rid]) == 500, rid
+        saved = cut.samples[rid]
+        np.testing.assert_array_equal(record.token_ids[: saved.num_tokens], saved.token_ids, err_msg=rid)
+
+    # 3. no engine left: a clear error per request, and the cut returns what the trainer received
+    errors = out["third"]
+    assert all(isinstance(e, NoEngineLeftError) for e in errors), errors
+    assert "all 3 engines of the pool have died" in str(errors[0]) and "save a checkpoint" in str(errors[0])
+    last_cut = out["last_cut"]
+    assert set(last_cut.samples) == set(third)
+    for rid in third:
+        received = [t for a in attempts[rid] for t in a["tokens"]]
+        assert last_cut.samples[rid].token_ids.tolist() == received and len(received) >= 8, rid
