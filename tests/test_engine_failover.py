@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from benchmarks.failover import Attempt, until_delivered, watch
 from partial_rollout.engine import EngineConfig, EnginePool, NoEngineLeftError
 from partial_rollout.engine.failover import ENGINE_DIED, Delta, Failover, Received, Tracker
 from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, read_events
@@ -99,34 +99,8 @@ def test_tracker_reports_one_failover_once_every_request_of_the_engine_moved() -
 # ---------------------------------------------------------------- real Ray actors, real engines
 
 
-def _spy(engine: Any, attempts: dict[str, list[dict[str, Any]]], index: int) -> None:
-    """Record what each stream of ``engine`` was submitted with and what it delivered (the engine stays real)."""
-    original = engine.stream
-
-    async def stream(request_id, prompt, sampling, *, index: int, resume_from=None):  # type: ignore[no-untyped-def]
-        attempt: dict[str, Any] = {"engine": engine_index, "resume_from": resume_from, "tokens": []}
-        attempts[request_id].append(attempt)
-        async for item in original(request_id, prompt, sampling, index=index, resume_from=resume_from):
-            if isinstance(item, Delta):
-                attempt["tokens"].extend(item.token_ids)
-            yield item
-
-    engine_index = index
-    engine.stream = stream
-
-
 def submit(pool: EnginePool, work: dict[str, tuple[list[int], SamplingSpec]]) -> dict[str, asyncio.Future[Any]]:
     return {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
-
-
-async def _until(pool: EnginePool, engine: int, requests: set[str], tokens: int) -> None:
-    """Poll until each of ``requests`` that ``engine`` holds has delivered ``tokens`` (the engine's speed varies)."""
-    for _ in range(6000):
-        held = pool.failover.on_engine(engine)
-        if held and all(n >= tokens for rid, n in held.items() if rid in requests):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine {engine} never delivered {tokens} tokens per request: {held}")
 
 
 @pytest.mark.engine
@@ -156,27 +130,23 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
 
     first, second, third = work("a", 9), work("b", 4), work("c", 2)
     log = EventLog(tmp_path / "events.jsonl", fresh=True)
-    attempts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     try:
 
         async def run() -> dict[str, Any]:
             pool = await EnginePool.ray(config, 3)
             pool.failover.on_failover = lambda f: log.append(EventKind.LOG, kind=ENGINE_FAILOVER, **f.fields())
-            for i, engine in enumerate(pool.engines):
-                _spy(engine, attempts, i)
-            out: dict[str, Any] = {}
+            out: dict[str, Any] = {"attempts": watch(pool)}
             try:
                 # 1. one of three engines dies with requests in flight
                 tasks = submit(pool, first)
-                await _until(pool, 1, set(first), tokens=16)
-                out["on_victim"] = set(pool.failover.on_engine(1))
+                out["on_victim"] = await until_delivered(pool, 1, tokens=16)
                 ray.kill(pool.engines[1].actor)  # type: ignore[attr-defined]
                 out["first"] = {rid: await t for rid, t in tasks.items()}
 
                 # 2. a second engine dies right before a cut: the cut still holds every request
                 tasks = submit(pool, second)
-                await _until(pool, 2, set(second), tokens=8)
+                await until_delivered(pool, 2, tokens=8)
                 ray.kill(pool.engines[2].actor)  # type: ignore[attr-defined]
                 out["cut"] = await pool.pause_and_capture()
                 await pool.resume()
@@ -184,7 +154,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
 
                 # 3. the last engine dies: every request says so, and a cut still returns what was received
                 tasks = submit(pool, third)
-                await _until(pool, 0, set(third), tokens=8)
+                await until_delivered(pool, 0, tokens=8)
                 ray.kill(pool.engines[0].actor)  # type: ignore[attr-defined]
                 out["third"] = await asyncio.gather(*tasks.values(), return_exceptions=True)
                 out["last_cut"] = await pool.pause_and_capture()
@@ -197,6 +167,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
         ray.shutdown()
         log.close()
 
+    attempts: dict[str, list[Attempt]] = out["attempts"]
     # 1. every request finished whole, once; the killed engine's continued from exactly what was received
     first_done: dict[str, SampleRecord] = out["first"]
     victims = out["on_victim"]
@@ -205,15 +176,16 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
         assert record.state is SampleState.FINISHED and record.num_tokens == 500, rid
         tries = attempts[rid]
         # decode tokens redone: 0. Everything the engines delivered is in the record exactly once.
-        assert sum(len(t["tokens"]) for t in tries) == record.num_tokens, rid
+        assert sum(len(t.tokens) for t in tries) == record.num_tokens, rid
         if rid not in victims:
             assert len(tries) == 1 and record.inexact is None, rid
             continue
         dead, moved = tries
-        assert dead["engine"] == 1 and moved["engine"] != 1, rid
-        carried = moved["resume_from"]
-        assert carried.num_tokens == len(dead["tokens"]) >= 16, rid
-        np.testing.assert_array_equal(carried.token_ids, dead["tokens"], err_msg=rid)
+        assert dead.engine == 1 and moved.engine != 1, rid
+        carried = moved.resume_from
+        assert carried is not None, rid
+        assert carried.num_tokens == len(dead.tokens) >= 16, rid
+        np.testing.assert_array_equal(carried.token_ids, dead.tokens, err_msg=rid)
         np.testing.assert_array_equal(record.token_ids[: carried.num_tokens], carried.token_ids, err_msg=rid)
         np.testing.assert_array_equal(record.logprobs[: carried.num_tokens], carried.logprobs, err_msg=rid)
         assert record.versions.tolist() == [0] * 500
@@ -224,7 +196,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
     assert [e["engine"] for e in events] == [1, 2, 0]
     one = events[0]
     assert set(one["requests"]) == victims
-    assert one["carried"] == {rid: len(attempts[rid][0]["tokens"]) for rid in victims}
+    assert one["carried"] == {rid: len(attempts[rid][0].tokens) for rid in victims}
     assert one["tokens_carried"] == sum(one["carried"].values()) > 0
     assert "ActorDiedError" in one["error"]
 
@@ -234,7 +206,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
     assert set(second) <= set(cut.samples)
     for rid, record in second_done.items():
         assert record.state is SampleState.FINISHED and record.num_tokens == 500, rid
-        assert sum(len(t["tokens"]) for t in attempts[rid]) == 500, rid
+        assert sum(len(t.tokens) for t in attempts[rid]) == 500, rid
         saved = cut.samples[rid]
         np.testing.assert_array_equal(record.token_ids[: saved.num_tokens], saved.token_ids, err_msg=rid)
 
@@ -245,5 +217,5 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
     last_cut = out["last_cut"]
     assert set(last_cut.samples) == set(third)
     for rid in third:
-        received = [t for a in attempts[rid] for t in a["tokens"]]
+        received = [t for a in attempts[rid] for t in a.tokens]
         assert last_cut.samples[rid].token_ids.tolist() == received and len(received) >= 8, rid
