@@ -124,12 +124,22 @@ class GenerationConfig:
     """vLLM's ``VLLM_ENABLE_V1_MULTIPROCESSING``: off runs the model worker inside the engine-core process
     instead of one more process (cheaper on CPU). The engine core itself always has its own process."""
     num_engines: int = 1
-    """vLLM engines: 1 runs in the trainer's process; more run as Ray actors (a local Ray cluster is started)."""
+    """vLLM engines: 1 runs in the trainer's process; more run as Ray actors, on the cluster ``ray.address``
+    names or a local one (on CPU each pinned to its own group of cores, on a GPU cluster each on its own
+    GPU). May change between a save and its resume: restored requests spread over the new engines."""
 
     def __post_init__(self) -> None:
         _positive(self, "generation", "max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "num_engines")
         if self.temperature < 0:
             raise ConfigError(f"must be >= 0, got {self.temperature}", field="generation.temperature")
+
+
+@dataclass(kw_only=True, slots=True)
+class RayConfig:
+    address: str | None = None
+    """The Ray cluster the engines join when ``generation.num_engines`` > 1: ``host:port`` of its head
+    (what ``ray start --head`` printed), ``ray://host:port`` (Ray Client) or ``auto`` (a cluster running on
+    this machine). ``null``: the ``RAY_ADDRESS`` variable's cluster if set, else a new local cluster."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -204,6 +214,7 @@ class MasterConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     loss_fn: LossConfig = field(default_factory=LossConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -66,6 +66,11 @@ ENGINE_PROGRESS = "engine_progress"
 process's engine produced; ``live_tokens``: those of requests still running, by request id)."""
 
 
+ENGINE_HINT = "engine_of_request"
+"""Snapshot ``metadata`` key: which engine of the pool held each request in flight at the cut (request id
+to engine index). A hint for logs only: a resume places every request anew, on however many engines it has."""
+
+
 class GRPOLoop:
     """One process's run of the loop, from a fresh start or a checkpoint."""
 
@@ -352,7 +357,7 @@ class GRPOLoop:
                 # One await-free window: the engine is frozen, and no other coroutine runs until resume().
                 copying = time.perf_counter()
                 self.ledger.capture(frozen.samples)
-                cut = self._cut(folder, states=set(GroupState))
+                cut = self._cut(folder, states=set(GroupState), engines=frozen.engines)
                 copied = time.perf_counter()
             finally:
                 await self.engine.resume()
@@ -377,7 +382,10 @@ class GRPOLoop:
             return
         self.ledger.record_written(cut, write_ms=_ms(time.perf_counter() - writing), bytes=size)
 
-    def _cut(self, folder: Path, *, states: set[GroupState]) -> LedgerCut:
+    def _cut(self, folder: Path, *, states: set[GroupState], engines: dict[str, int] | None = None) -> LedgerCut:
+        metadata: dict[str, Any] = {"epoch": self.epoch}
+        if engines:
+            metadata[ENGINE_HINT] = engines
         return self.ledger.cut(
             folder,
             trainer_step=self.step,
@@ -385,7 +393,7 @@ class GRPOLoop:
             fingerprints=self.fingerprints,
             loader_state=self.loader.state_dict(),
             states=states,
-            metadata={"epoch": self.epoch},
+            metadata=metadata,
         )
 
 
@@ -409,7 +417,7 @@ async def run_training(
     Returns:
         A summary: final step, reward per step, ledger counters.
     """
-    from partial_rollout.engine import EngineConfig, EnginePool
+    from partial_rollout.engine import EngineConfig, EnginePool, cluster
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
 
     if engine is not None and not isinstance(engine, RolloutEngine):
@@ -451,11 +459,11 @@ async def run_training(
             seed=config.grpo.seed,
         )
         if gen.num_engines == 1:
+            if config.ray.address:
+                logger.warning("ray.address is ignored: generation.num_engines is 1, which runs in this process")
             engine = await EnginePool.local(engine_config, policy_version=step)
         else:
-            import ray
-
-            ray.init(ignore_reinit_error=True, include_dashboard=False)
+            cluster.connect(config.ray.address)
             engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
     try:
         fingerprints = await engine.fingerprints()

@@ -39,6 +39,11 @@ LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 (the ``*_logits`` modes report logits, which a snapshot's ``logprobs`` field cannot hold)."""
 
 
+DATA_PARALLEL_KEYS = ("data_parallel_size", "data_parallel_size_local")
+"""``EngineArgs`` fields that put several engine cores (data-parallel replicas) behind one engine:
+refused, see :class:`EngineConfig`."""
+
+
 @dataclass(kw_only=True)
 class EngineConfig:
     """How to start one vLLM engine. Field names follow vLLM's ``EngineArgs``."""
@@ -140,6 +145,17 @@ class EngineConfig:
             )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"must be in (0, 1], got {self.gpu_memory_utilization!r}", field="gpu_memory_utilization")
+        for key in DATA_PARALLEL_KEYS:
+            size = self.extra.get(key, 1)
+            if size != 1:
+                raise ConfigError(
+                    f"is {size!r}: data parallelism inside one vLLM engine is not supported. vLLM answers a "
+                    "collective_rpc with the first engine core's workers only, so a cut would miss the requests "
+                    "of the other replicas",
+                    field=f"extra.{key}",
+                    fix="Run several engines instead: EnginePool.ray(config, N) (generation.num_engines in the "
+                    "reference trainer), each cut and resumed as a whole",
+                )
         unknown = set(self.extra) & {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(

@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from partial_rollout.engine import failover
+from partial_rollout.engine import cluster, failover
 from partial_rollout.engine.factory import EngineConfig
 from partial_rollout.engine.protocol import Capabilities, Cut, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine
@@ -31,6 +31,7 @@ class _EngineHost:
     engine: ResumableEngine
 
     async def start(self, config: EngineConfig, options: dict[str, Any]) -> None:
+        cluster.pin()  # before vLLM starts: its engine core's processes inherit the core group
         self.engine = await ResumableEngine.start(config, **options)
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -139,6 +140,9 @@ class EnginePool:
             raise ValueError("an engine pool needs at least one engine")
         self.engines: list[RolloutEngine] = list(engines)
         self._outstanding = [0] * len(self.engines)
+        """Tokens still to generate (budget, not yet produced) of the requests placed on each engine."""
+        self._placed: dict[str, int] = {}
+        """Which engine each running request was placed on (the cut records it as a hint)."""
         self.failover = failover.Tracker()
         """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
@@ -154,13 +158,22 @@ class EnginePool:
         num_engines: int,
         *,
         actor_options: dict[str, Any] | None = None,
+        pin_cpus: bool = True,
         **options: Any,
     ) -> EnginePool:
-        """``num_engines`` engines, each in its own Ray actor (``ray.init`` must have run)."""
+        """``num_engines`` engines, each in its own Ray actor (``ray.init`` or :func:`cluster.connect` must have run).
+
+        On a cluster with GPUs each engine asks for ``tensor_parallel_size`` GPUs; on CPU each is
+        pinned to its own group of this machine's cores unless ``pin_cpus`` is off
+        (:func:`cluster.placements`). ``actor_options`` override those Ray options.
+        """
         import ray
 
         host = ray.remote(_EngineHost)
-        actors = [host.options(**{"num_cpus": 0, **(actor_options or {})}).remote() for _ in range(num_engines)]
+        placed = cluster.placements(
+            num_engines, tensor_parallel_size=config.tensor_parallel_size, pin_cpus=pin_cpus, overrides=actor_options
+        )
+        actors = [host.options(**o).remote() for o in placed]
         await asyncio.gather(*[a.start.remote(config, options) for a in actors])
         return cls([RemoteEngine(a) for a in actors])
 
@@ -173,13 +186,18 @@ class EnginePool:
         index: int,
         resume_from: SampleRecord | None = None,
     ) -> SampleRecord:
-        """Run one sample on the least busy engine; if that engine dies, continue it on another.
+        """Run one sample on the engine with the fewest tokens still to generate; if it dies, continue on another.
+
+        Work is counted in tokens, not requests: a resumed sample weighs what is left of its budget
+        (``max_tokens`` minus its prefix), so restored requests spread evenly over however many
+        engines the resume has, whatever their prefixes.
 
         Raises:
             failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
                 and in :meth:`pause_and_capture`'s cut).
         """
         received = failover.Received(index=index, sampling=sampling, base=resume_from)
+        work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens)
         while True:
             alive = self._alive()
             if not alive:
@@ -190,7 +208,8 @@ class EnginePool:
                 )
             i = min(alive, key=self._outstanding.__getitem__)
             engine = self.engines[i]
-            self._outstanding[i] += 1
+            self._outstanding[i] += work
+            self._placed[request_id] = i
             try:
                 if not isinstance(engine, RemoteEngine):
                     return await engine.generate(
@@ -209,7 +228,8 @@ class EnginePool:
                 self.failover.release(request_id)
                 raise
             finally:
-                self._outstanding[i] -= 1
+                self._outstanding[i] -= work
+                self._placed.pop(request_id, None)
 
     def _alive(self) -> list[int]:
         return [i for i in range(len(self.engines)) if i not in self.failover.dead]
@@ -247,6 +267,8 @@ class EnginePool:
             pause_s=max((c.pause_s for c in done), default=0.0),
             stop_s=min((c.stop_s for c in done), default=0.0),
             engine_tokens=sum(c.engine_tokens for c in done),
+            engines={rid: self._placed[rid] for rid in samples if rid in self._placed},
+            engine_pause_s=[c.pause_s for c in done],
         )
 
     async def resume(self) -> None:

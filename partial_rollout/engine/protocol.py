@@ -51,6 +51,12 @@ class Cut:
     whatever the caller does before ``resume``."""
     engine_tokens: int = 0
     """Output tokens the engines' workers reported for the captured requests (checked equal to ours)."""
+    engines: dict[str, int] = field(default_factory=dict)
+    """Which engine of a pool held each request (its index in ``EnginePool.engines``): a hint for
+    logs and the snapshot, never needed to resume, which places every request anew."""
+    engine_pause_s: list[float] = field(default_factory=list)
+    """Each engine's own ``pause_s``, in pool order (the engines are paused concurrently, so the
+    pool's ``pause_s`` is about their maximum, not their sum)."""
 
 
 @dataclass(kw_only=True)

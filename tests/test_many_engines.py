@@ -1,0 +1,217 @@
+"""Many engines: one cut across N Ray-actor engines, resumed on M (2 -> 3 and 3 -> 1), token for token.
+
+Real engines in real Ray actors on a local cluster started by :func:`cluster.connect`: the pool
+pauses every engine concurrently, records which engine held each request as a hint, spreads the
+restored requests over the new engines by tokens still to generate, and every continued sample is
+compared with the uninterrupted run next to the engine's measured noise floor (the same work from
+scratch, staggered, on the resume engines). On CPU each engine is pinned to its own core group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from partial_rollout.engine import Cut, EngineConfig, EnginePool, RemoteEngine, cluster
+from partial_rollout.errors import ConfigError
+from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+
+Work = dict[str, tuple[list[int], SamplingSpec]]
+
+
+def test_data_parallel_inside_one_engine_is_refused(tiny_llama: Path) -> None:
+    """vLLM answers collective_rpc with the first engine core only, so a cut would miss the other replicas."""
+    for key in ("data_parallel_size", "data_parallel_size_local"):
+        with pytest.raises(ConfigError, match=f"extra.{key}: is 2: data parallelism inside one vLLM engine") as err:
+            EngineConfig(model=str(tiny_llama), extra={key: 2})
+        assert "EnginePool.ray(config, N)" in str(err.value)
+    EngineConfig(model=str(tiny_llama), extra={"data_parallel_size": 1})  # the default layout passes
+
+
+def test_core_groups_split_the_cores() -> None:
+    assert cluster.core_groups(2, [0, 1]) == [[0], [1]]
+    assert cluster.core_groups(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert cluster.core_groups(1, [4, 2]) == [[2, 4]]
+    with pytest.warns(UserWarning, match="3 engines on 2 cores"):
+        assert cluster.core_groups(3, [0, 1]) == [[0], [1], [0]]
+
+
+def _workload(seed: int, budgets: list[int]) -> Work:
+    rng = random.Random(seed)
+    return {
+        f"w{seed}-r{i}": (
+            [rng.randrange(4, 500) for _ in range(rng.randrange(8, 40))],
+            SamplingSpec(
+                max_tokens=budget,
+                temperature=0.0 if i % 3 == 0 else 1.0,
+                seed=None if i % 3 == 0 else 100 * seed + i,
+                ignore_eos=True,
+            ),
+        )
+        for i, budget in enumerate(budgets)
+    }
+
+
+class _TimedRemote(RemoteEngine):
+    """A real remote engine that notes when the pool asked it to pause and when its cut came back."""
+
+    calls: list[tuple[float, float]]
+
+    async def pause_and_capture(self) -> Cut:
+        asked = time.monotonic()
+        cut = await super().pause_and_capture()
+        type(self).calls.append((asked, time.monotonic()))
+        return cut
+
+
+async def _run_with_cut(pool: EnginePool, work: Work) -> tuple[dict[str, SampleRecord], Cut]:
+    """Submit ``work``, cut once tokens are out, let it finish in place: the uninterrupted run and the cut."""
+    tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
+    while (await pool.progress()).tokens_received < 8 * len(work):  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    cut = await pool.pause_and_capture()
+    await pool.resume()
+    return {rid: await t for rid, t in tasks.items()}, cut
+
+
+async def _resume(pool: EnginePool, work: Work, cut: Cut) -> tuple[dict[str, SampleRecord], Cut, dict[str, Any]]:
+    """Continue every sample of ``cut`` on ``pool``; then the same work from scratch, staggered (noise floor).
+
+    Also cuts once right after every restored request reached an engine: that cut's engine hints
+    are where the pool placed them.
+    """
+    resumed = {
+        rid: asyncio.ensure_future(pool.generate(rid, *work[rid], index=0, resume_from=cut.samples[rid]))
+        for rid in work
+    }
+    while len((await pool.progress()).live_tokens) < len(work):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    placed = await pool.pause_and_capture()
+    await pool.resume()
+    done = {rid: await t for rid, t in resumed.items()}
+    scratch = {}
+    for rid in reversed(work):
+        scratch[rid] = asyncio.ensure_future(pool.generate(f"scratch-{rid}", *work[rid], index=0))
+        await asyncio.sleep(0.05)
+    return done, placed, {rid: await scratch[rid] for rid in work}
+
+
+def _compare(work: Work, ref: dict[str, SampleRecord], cut: Cut, resumed: dict, scratch: dict) -> None:
+    """Continued samples are token-identical to the uninterrupted run at least as often as the noise floor."""
+    floor_lp, floor_same, same = 0.0, 0, 0
+    for rid in work:
+        again = scratch[rid]
+        differ = np.flatnonzero(again.token_ids != ref[rid].token_ids)
+        upto = int(differ[0]) if len(differ) else again.num_tokens
+        floor_same += not len(differ)
+        floor_lp = max(floor_lp, float(np.abs(again.logprobs[:upto] - ref[rid].logprobs[:upto]).max(initial=0)))
+    for rid in work:
+        out, saved = resumed[rid], cut.samples[rid]
+        assert out.inexact is None, rid
+        # the saved prefix comes back bit for bit, whichever engine continues it
+        np.testing.assert_array_equal(out.token_ids[: saved.num_tokens], saved.token_ids, err_msg=rid)
+        np.testing.assert_array_equal(out.logprobs[: saved.num_tokens], saved.logprobs, err_msg=rid)
+        if np.array_equal(out.token_ids, ref[rid].token_ids):
+            same += 1
+            np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, rtol=0, atol=floor_lp, err_msg=rid)
+    print(f"continued token-identical {same}/{len(work)}; noise floor {floor_same}/{len(work)}, logprobs {floor_lp}")
+    assert same >= floor_same
+
+
+def _placement_balanced(work: Work, cut: Cut, placed: Cut, num_engines: int) -> None:
+    """Every restored request was placed, and by tokens still to generate, not by request count."""
+    assert set(placed.engines) == set(work)
+    load = [0] * num_engines
+    for rid in work:
+        load[placed.engines[rid]] += cut.samples[rid].remaining_tokens
+    largest = max(cut.samples[rid].remaining_tokens for rid in work)
+    print(f"tokens still to generate per engine after the resume: {load}")
+    assert max(load) - min(load) <= largest
+
+
+def _affinity(actor: Any) -> tuple[list[int], list[list[int]]]:
+    """The actor process's cores and those of its child processes (the vLLM engine core)."""
+
+    def read(_: Any) -> tuple[list[int], list[list[int]]]:
+        tasks = list(Path("/proc/self/task").iterdir())
+        children = [c for t in tasks for c in (t / "children").read_text().split()]
+        own = {tuple(sorted(os.sched_getaffinity(int(t.name)))) for t in tasks}
+        assert len(own) == 1, f"threads of one actor on different cores: {own}"
+        return list(own.pop()), [sorted(os.sched_getaffinity(int(c))) for c in children]
+
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(read))
+
+
+@pytest.mark.engine
+@pytest.mark.ray
+def test_cut_on_two_ray_engines_resumes_on_three_then_three_on_one(
+    loop_thread, tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ray = pytest.importorskip("ray")
+    monkeypatch.delenv(cluster.ADDRESS_ENV, raising=False)
+    config = EngineConfig(
+        model=str(tiny_llama),
+        max_model_len=512,
+        max_num_seqs=16,
+        kv_cache_memory_bytes=16 * 2**20,
+        multiprocessing=False,
+    )
+    # count-balancing would put both long requests on one of three engines; token-balancing cannot
+    first = _workload(1, [320, 80, 80, 320, 80, 80, 80, 80])
+    second = _workload(2, [200, 120, 160, 100, 200, 120, 160, 100, 200])
+    assert cluster.connect(None, num_cpus=2, object_store_memory=128 * 2**20, log_to_driver=False) is None
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+
+        async def run() -> dict[str, Any]:
+            with pytest.warns(UserWarning, match="3 engines on"):  # more engines than this machine's cores
+                two, three = await asyncio.gather(EnginePool.ray(config, 2), EnginePool.ray(config, 3))
+            out: dict[str, Any] = {"pins": [_affinity(e.actor) for e in two.engines]}  # type: ignore[attr-defined]
+            try:
+                _TimedRemote.calls = []
+                two.engines = [_TimedRemote(e.actor) for e in two.engines]  # type: ignore[attr-defined]
+                out["ref1"], out["cut1"] = await _run_with_cut(two, first)
+                out["calls"] = list(_TimedRemote.calls)
+                await two.engines[1].shutdown()  # 2 -> 3: the resume runs on three new engines
+                out["resumed1"], out["placed1"], out["scratch1"] = await _resume(three, first, out["cut1"])
+                out["ref2"], out["cut2"] = await _run_with_cut(three, second)
+                one = EnginePool([two.engines[0]])  # 3 -> 1: an engine that never ran this work
+                out["resumed2"], _, out["scratch2"] = await _resume(one, second, out["cut2"])
+            finally:
+                await two.engines[0].shutdown()
+                await three.shutdown()
+            return out
+
+        out = loop_thread.run(run(), timeout=900)
+    finally:
+        ray.shutdown()
+
+    # pinned: one core group per engine (this machine's cores split in two), inherited by vLLM's engine core
+    groups = cluster.core_groups(2, cores)
+    for (own, children), group in zip(out["pins"], groups, strict=True):
+        assert own == group and children and all(c == group for c in children)
+
+    # one cut across two engines: both were asked to pause before either's cut came back
+    calls = out["calls"]
+    assert len(calls) == 2 and max(asked for asked, _ in calls) < min(back for _, back in calls)
+    cut1: Cut = out["cut1"]
+    assert set(cut1.samples) == set(first) and set(cut1.engines) == set(first)
+    assert set(cut1.engines.values()) == {0, 1} and len(cut1.engine_pause_s) == 2
+    assert any(r.state is SampleState.IN_FLIGHT and r.num_tokens > 0 for r in cut1.samples.values())
+    seeded = [r for r in cut1.samples.values() if r.sampling.seed is not None and r.num_tokens]
+    assert seeded and all(r.sampler_state is not None for r in seeded)  # the sampler state travels with it
+
+    _placement_balanced(first, cut1, out["placed1"], 3)
+    _compare(first, out["ref1"], cut1, out["resumed1"], out["scratch1"])  # 2 -> 3
+    cut2: Cut = out["cut2"]
+    assert set(cut2.engines) == set(second) and len(set(cut2.engines.values())) == 3
+    _compare(second, out["ref2"], cut2, out["resumed2"], out["scratch2"])  # 3 -> 1
