@@ -12,7 +12,6 @@ engine allows) the sampler state to continue it exactly.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Mapping
 
@@ -53,7 +52,12 @@ def in_flight_record(
     sampler_state: bytes | None,
     capabilities: Capabilities,
 ) -> SampleRecord:
-    """The record of a request cut after ``count`` tokens of its own, with why it cannot continue exactly, if so."""
+    """The record of a request cut after ``count`` tokens of its own, with why it cannot continue exactly, if so.
+
+    Built unchecked (:meth:`SampleRecord.unchecked`): this runs once per live request while the engine
+    stands still, and the checks that read every token run when the snapshot is written, after the
+    engine resumed.
+    """
     consumed = count + (0 if req.base is None else req.base.num_tokens)
     if consumed == 0:
         reason = exactness.inexact_reason(
@@ -64,27 +68,40 @@ def in_flight_record(
         sampler_state = req.base.sampler_state  # resumed but not yet scheduled: nothing drawn since
     if req.sampling.is_greedy or req.sampling.seed is None or not capabilities.exact:
         sampler_state = None
-    record = req.record(SampleState.IN_FLIGHT, count, sampler_state=sampler_state)
+    tokens, logprobs, versions, inexact = req.stitched(count)
     reason = (
-        record.inexact
+        inexact
         or exactness.inexact_reason(
             req.sampling,
             num_tokens=consumed,
             sampler_state=sampler_state,
             capture_unsupported=capabilities.reason,
         )
-        or _spanned_update(req, record)
+        or _spanned_update(req)
     )
-    return record if reason == record.inexact else dataclasses.replace(record, inexact=reason)
+    return SampleRecord.unchecked(
+        index=req.index,
+        state=SampleState.IN_FLIGHT,
+        sampling=req.sampling,
+        token_ids=tokens,
+        logprobs=logprobs,
+        versions=versions,
+        sampler_state=sampler_state,
+        inexact=reason,
+    )
 
 
-def _spanned_update(req: LiveRequest, record: SampleRecord) -> str | None:
+def _spanned_update(req: LiveRequest) -> str | None:
     """The version mix of a request that ran across a weight update: its KV was computed under more than
     one policy (its prompt's under the first, which no token's version shows), and a resume re-prefills
     all of it under one."""
-    weights = {version for version, _ in req.version_starts}
-    if len(weights) < 2:
+    if len(req.version_starts) < 2:
         return None
-    lo = min(min(weights), int(record.versions.min()))
-    hi = max(max(weights), int(record.versions.max()))
-    return exactness.version_mix(lo, hi, req.version_starts[-1][0])
+    weights = [version for version, _ in req.version_starts]
+    lo, hi = min(weights), max(weights)
+    if lo == hi:
+        return None
+    prefix = req.base.versions if req.base is not None else None
+    if prefix is not None and len(prefix):  # this engine's own tokens carry versions among ``weights``
+        lo, hi = min(lo, int(prefix.min())), max(hi, int(prefix.max()))
+    return exactness.version_mix(lo, hi, weights[-1])

@@ -58,21 +58,18 @@ class LiveRequest:
     def versions(self, n: int) -> np.ndarray:
         """Policy version of each of the first ``n`` tokens this engine generated."""
         out = np.empty(n, dtype=np.int32)
+        if len(self.version_starts) == 1:
+            out.fill(self.version_starts[0][0])
+            return out
         ends = [start for _, start in self.version_starts[1:]] + [n]
         for (version, start), end in zip(self.version_starts, ends, strict=True):
             out[min(start, n) : min(end, n)] = version
         return out
 
-    def record(
-        self,
-        state: SampleState,
-        n: int,
-        *,
-        finish_reason: str | None = None,
-        stop_reason: int | str | None = None,
-        sampler_state: bytes | None = None,
-    ) -> SampleRecord:
-        """The saved prefix (if any) stitched with the first ``n`` tokens this engine generated."""
+    def stitched(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None]:
+        """Token ids, logprobs and versions of the saved prefix (if any) followed by the first ``n``
+        tokens this engine generated (copies: the buffers go on growing), and why the prefix cannot
+        continue exactly, if so."""
         tokens = np.frombuffer(self.token_ids, dtype=np.int32, count=n).copy()
         logprobs = np.frombuffer(self.logprobs, dtype=np.float32, count=n).copy()
         versions = self.versions(n)
@@ -86,6 +83,19 @@ class LiveRequest:
             tokens = np.concatenate([self.base.token_ids, tokens])
             logprobs = np.concatenate([self.base.logprobs, logprobs])
             versions = np.concatenate([prefix, versions])
+        return tokens, logprobs, versions, inexact
+
+    def record(
+        self,
+        state: SampleState,
+        n: int,
+        *,
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+        sampler_state: bytes | None = None,
+    ) -> SampleRecord:
+        """The saved prefix (if any) stitched with the first ``n`` tokens this engine generated."""
+        tokens, logprobs, versions, inexact = self.stitched(n)
         return SampleRecord(
             index=self.index,
             state=state,

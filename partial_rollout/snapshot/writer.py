@@ -36,7 +36,16 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
 
     Returns:
         The size of the file written, in bytes.
+
+    Raises:
+        ValueError: a sample is invalid (records the engine's cut built unchecked are checked here).
     """
+    for group in snapshot.groups:
+        for sample in group.samples:
+            try:
+                sample.validate()
+            except ValueError as exc:
+                raise ValueError(f"group {group.group_id!r} sample {sample.index}: {exc}") from None
     tensors, metadata = encode_snapshot(snapshot)
     with atomic_write(snapshot_path(path)) as tmp:
         return container.write_file(tmp, tensors, metadata)
