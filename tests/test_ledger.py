@@ -202,7 +202,7 @@ def test_load_refuses_a_snapshot_whose_manifest_is_not_the_ledgers(tmp_path: Pat
         metadata={"ledger": {"version": 1}},
     )  # a trainer extra may not shadow the manifest: it is overwritten
     WorkLedger().load(folder)
-    snapshot = ledger.to_snapshot(trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    snapshot = load_snapshot(folder)
     snapshot.metadata["ledger"] = {**snapshot.metadata["ledger"], "version": 1}
     save_snapshot(snapshot, folder)
     with pytest.raises(SnapshotError, match=rf"{SNAPSHOT_FILENAME}: metadata\.ledger\.version: version 1, expected 2"):

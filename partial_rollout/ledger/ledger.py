@@ -328,28 +328,6 @@ class WorkLedger:
 
     # ---------------------------------------------------------------- checkpointing
 
-    def to_snapshot(
-        self,
-        *,
-        trainer_step: int,
-        policy_version: int,
-        fingerprints: Fingerprints,
-        loader_state: dict[str, Any] | None,
-        states: Collection[GroupState] = ALL_STATES,
-        metadata: dict[str, Any] | None = None,
-    ) -> Snapshot:
-        """The snapshot of the outstanding groups in ``states``, with the ledger's manifest in its metadata."""
-        return Snapshot(
-            trainer_step=trainer_step,
-            policy_version=policy_version,
-            fingerprints=fingerprints,
-            groups=[g for g in self._groups.values() if g.state in states],
-            loader_state=loader_state,
-            counters=dict(self.counters),
-            evicted_by_reason=dict(self.evicted_by_reason),
-            metadata={**(metadata or {}), LEDGER_METADATA_KEY: self.state_dict()},
-        )
-
     def cut(
         self,
         folder: str | os.PathLike[str],
