@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -95,15 +96,16 @@ async def until_delivered(pool: EnginePool, engine: int, tokens: int, timeout_s:
 
 
 def workload(requests: int, max_tokens: int, seed: int) -> list[tuple[list[int], SamplingSpec]]:
-    """Random prompts; every third sample greedy, the others seeded (their continuation is declared inexact)."""
+    """Random prompts; every fourth sample greedy (every engine gets some), the others seeded (their
+    continuation is declared inexact)."""
     rng = random.Random(seed)
     return [
         (
             [rng.randrange(4, 500) for _ in range(rng.randrange(8, 40))],
             SamplingSpec(
                 max_tokens=max_tokens,
-                temperature=0.0 if i % 3 == 0 else 1.0,
-                seed=None if i % 3 == 0 else seed + i,
+                temperature=0.0 if i % 4 == 0 else 1.0,
+                seed=None if i % 4 == 0 else seed + i,
                 ignore_eos=True,
             ),
         )
@@ -123,8 +125,8 @@ async def one_run(
     """Generate ``work`` as requests ``<name><i>``; with ``kill``, kill engine :data:`VICTIM` at ``at`` tokens."""
     import ray
 
-    failovers: list[Failover] = []
-    pool.failover.on_failover = failovers.append
+    failovers: list[tuple[float, Failover]] = []
+    pool.failover.on_failover = lambda f: failovers.append((time.perf_counter(), f))
     started = time.perf_counter()
     finished: dict[str, float] = {}
 
@@ -155,7 +157,8 @@ async def one_run(
     if kill:
         moved = [rid for rid in victims if len(attempts[rid]) > 1]
         out["failover"] = dict(
-            events=[f.fields() for f in failovers],
+            events=[f.fields() for _, f in failovers],
+            moved_s=round(failovers[0][0] - point, 3),
             requests_moved=len(moved),
             tokens_carried=sum(attempts[rid][1].resume_from.num_tokens for rid in moved),  # type: ignore[union-attr]
             carried_equals_received=all(
@@ -183,15 +186,25 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = workload(args.engines * args.requests, args.max_tokens, args.seed)
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     started = time.time()
+    reps = []
     try:
-        pool = await EnginePool.ray(config, args.engines)
-        attempts = watch(pool)
-        try:
-            uninterrupted = await one_run(pool, attempts, "u", work, at=args.at, kill=False)
-            await pool.reset_prefix_cache()
-            killed = await one_run(pool, attempts, "k", work, at=args.at, kill=True)
-        finally:
-            await pool.shutdown()
+        for _ in range(args.reps):  # a fresh pool each time: the kill takes one engine away
+            pool = await EnginePool.ray(config, args.engines)
+            attempts = watch(pool)
+            try:
+                uninterrupted = await one_run(pool, attempts, "u", work, at=args.at, kill=False)
+                await pool.reset_prefix_cache()
+                killed = await one_run(pool, attempts, "k", work, at=args.at, kill=True)
+            finally:
+                await pool.shutdown()
+            reps.append(
+                dict(
+                    uninterrupted=uninterrupted,
+                    killed=killed,
+                    victim_finish_ratio=round(killed["victim_finish_s"] / uninterrupted["victim_finish_s"], 3),
+                    wall_ratio=round(killed["wall_s"] / uninterrupted["wall_s"], 3),
+                )
+            )
     finally:
         ray.shutdown()
     return dict(
@@ -212,14 +225,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         ),
         definitions=dict(
             point_s="seconds from the submission until every request on the killed engine had delivered kill_at_tokens",
+            moved_s="seconds from the kill until the last of the killed engine's requests was resubmitted elsewhere",
             victim_finish_s="seconds from that point until the last of those requests finished",
             decode_tokens_redone="tokens delivered over every engine minus the final lengths, all requests",
             lost="requests that did not finish with their whole budget",
         ),
-        uninterrupted=uninterrupted,
-        killed=killed,
-        victim_finish_ratio=round(killed["victim_finish_s"] / uninterrupted["victim_finish_s"], 3),
-        wall_ratio=round(killed["wall_s"] / uninterrupted["wall_s"], 3),
+        reps=reps,
+        median=dict(
+            uninterrupted_victim_finish_s=statistics.median(r["uninterrupted"]["victim_finish_s"] for r in reps),
+            killed_victim_finish_s=statistics.median(r["killed"]["victim_finish_s"] for r in reps),
+            moved_s=statistics.median(r["killed"]["failover"]["moved_s"] for r in reps),
+            victim_finish_ratio=statistics.median(r["victim_finish_ratio"] for r in reps),
+            wall_ratio=statistics.median(r["wall_ratio"] for r in reps),
+        ),
+        decode_tokens_redone=sum(r[k]["decode_tokens_redone"] for r in reps for k in ("uninterrupted", "killed")),
+        lost=sum(r[k]["lost"] for r in reps for k in ("uninterrupted", "killed")),
     )
 
 
@@ -230,6 +250,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--at", type=int, default=128, help="kill once each request on the engine has this many")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, each on a fresh pool")
     parser.add_argument("--model", default=None, help="a model folder (default: the tiny Llama)")
     parser.add_argument("--out", type=Path, default=RESULTS / "failover")
     args = parser.parse_args()
@@ -237,17 +258,19 @@ def main() -> None:
     out = args.out.with_suffix(".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("uninterrupted", "killed"):
-        r = result[name]
+    for r in result["reps"]:
+        for name in ("uninterrupted", "killed"):
+            run = r[name]
+            print(
+                f"{name:>13}: wall {run['wall_s']} s, engine {VICTIM}'s work after it {run['victim_finish_s']} s,"
+                f" lost {run['lost']}, decode tokens redone {run['decode_tokens_redone']}"
+            )
+        f = r["killed"]["failover"]
         print(
-            f"{name:>13}: wall {r['wall_s']} s, engine {VICTIM}'s work after the point {r['victim_finish_s']} s,"
-            f" lost {r['lost']}, decode tokens redone {r['decode_tokens_redone']}"
+            f"     failover: {f['requests_moved']} requests moved in {f['moved_s']} s, {f['tokens_carried']} tokens"
+            f" carried over, carried == received: {f['carried_equals_received']}; ratio {r['victim_finish_ratio']}"
         )
-    f = result["killed"]["failover"]
-    print(
-        f"failover: {f['requests_moved']} requests moved, {f['tokens_carried']} tokens carried over,"
-        f" carried == received: {f['carried_equals_received']}; ratio {result['victim_finish_ratio']} -> {out}"
-    )
+    print(f"median: {result['median']} -> {out}")
 
 
 if __name__ == "__main__":
