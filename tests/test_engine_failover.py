@@ -128,7 +128,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
             for i in range(n)
         }
 
-    first, second, third = work("a", 9), work("b", 4), work("c", 2)
+    first, second, third = work("a", 9), work("b", 4), work("c", 3)
     log = EventLog(tmp_path / "events.jsonl", fresh=True)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     try:
@@ -152,11 +152,16 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
                 await pool.resume()
                 out["second"] = {rid: await t for rid, t in tasks.items()}
 
-                # 3. the last engine dies: every request says so, and a cut still returns what was received
-                tasks = submit(pool, third)
-                await until_delivered(pool, 0, tokens=8)
-                ray.kill(pool.engines[0].actor)  # type: ignore[attr-defined]
-                out["third"] = await asyncio.gather(*tasks.values(), return_exceptions=True)
+                # 3. the last engine dies: a trainer's task group stops at the first error (cancelling the
+                # other requests), and a cut still returns what was received of every request
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        for rid, (p, s) in third.items():
+                            group.create_task(pool.generate(rid, p, s, index=0))
+                        await until_delivered(pool, 0, tokens=8)
+                        ray.kill(pool.engines[0].actor)  # type: ignore[attr-defined]
+                except* NoEngineLeftError as caught:
+                    out["third"] = caught.exceptions
                 out["last_cut"] = await pool.pause_and_capture()
                 return out
             finally:
@@ -210,9 +215,8 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
         saved = cut.samples[rid]
         np.testing.assert_array_equal(record.token_ids[: saved.num_tokens], saved.token_ids, err_msg=rid)
 
-    # 3. no engine left: a clear error per request, and the cut returns what the trainer received
+    # 3. no engine left: a clear error, and the cut returns what the trainer received
     errors = out["third"]
-    assert all(isinstance(e, NoEngineLeftError) for e in errors), errors
     assert "all 3 engines of the pool have died" in str(errors[0]) and "save a checkpoint" in str(errors[0])
     last_cut = out["last_cut"]
     assert set(last_cut.samples) == set(third)

@@ -194,7 +194,7 @@ class EnginePool:
 
         Raises:
             failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
-                and in :meth:`pause_and_capture`'s cut).
+                and in :meth:`pause_and_capture`'s cut, as are those of requests cancelled since).
         """
         received = failover.Received(index=index, sampling=sampling, base=resume_from)
         work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens)
@@ -224,8 +224,11 @@ class EnginePool:
                 return record
             except failover.EngineDiedError as exc:
                 self.failover.lost(i, request_id, exc)
-            except BaseException:
-                self.failover.release(request_id)
+            except BaseException as exc:
+                if self._alive():
+                    self.failover.release(request_id)
+                else:  # no engine left (a trainer stops): what was received stays for the cut it saves
+                    self.failover.lost(i, request_id, exc)
                 raise
             finally:
                 self._outstanding[i] -= work
