@@ -135,3 +135,45 @@ def test_prefix_ending_in_a_generation_config_eos(loop_thread, engine: Resumable
     assert resumed.token_ids.tolist() == whole.token_ids.tolist()
     assert (resumed.finish_reason, resumed.stop_reason, resumed.state) == ("stop", eos, SampleState.FINISHED)
     assert engine_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def fp32_engine(loop_thread, tiny_llama: Path) -> Iterator[ResumableEngine]:
+    """float32, so that a greedy continuation flips no token (bf16 prefill and decode may differ)."""
+    config = EngineConfig(model=str(tiny_llama), max_model_len=1024, dtype="float32", multiprocessing=False)
+    started = loop_thread.run(ResumableEngine.start(config))
+    yield started
+    loop_thread.run(started.shutdown())
+
+
+def test_a_continuation_stops_where_the_uninterrupted_sample_stops_at_every_cut(
+    loop_thread, fp32_engine: ResumableEngine
+) -> None:
+    """Greedy samples with short stop strings, cut after every one of their tokens and continued.
+
+    The tiny tokenizer is byte-level, so many cuts fall inside a multi-byte character. vLLM decodes a
+    continuation's output primed with prompt + prefix; when vLLM matched the stop strings on that
+    text, continuations ended early (over 6 prompts x 3 stop strings, 5 of the 18 samples stopped at
+    a cut's next token, on a stop string their text never contained); the engine's own scan of the
+    whole completion decides instead.
+    """
+    rng = random.Random(0)
+    prompts = [[rng.randrange(4, 512) for _ in range(12)] for _ in range(2)]
+
+    async def run() -> list[tuple[int, str, int, int, int]]:
+        wrong = []
+        for p, prompt in enumerate(prompts):
+            for stop in ("th", "e"):
+                spec = SamplingSpec(
+                    max_tokens=120, temperature=0.0, stop=(stop,), extra={"include_stop_str_in_output": True}
+                )
+                whole = await fp32_engine.generate(f"whole-{p}-{stop}", prompt, spec, index=0)
+                for k in range(1, whole.num_tokens):
+                    resumed = await fp32_engine.generate(
+                        f"cut-{p}-{stop}-{k}", prompt, spec, index=0, resume_from=_cut(whole, k)
+                    )
+                    if resumed.token_ids.tolist() != whole.token_ids.tolist():
+                        wrong.append((p, stop, k, resumed.num_tokens, whole.num_tokens))
+        return wrong
+
+    assert loop_thread.run(run()) == []

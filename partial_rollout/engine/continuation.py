@@ -19,10 +19,17 @@ from partial_rollout.engine.stops import StopScan
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 
-def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: bytes | None = None) -> Any:
+def to_vllm_params(
+    sampling: SamplingSpec, *, consumed: int = 0, sampler_state: bytes | None = None, match_stop_strings: bool = True
+) -> Any:
     """vLLM ``SamplingParams`` for the rest of a sample after ``consumed`` prefix tokens.
 
-    ``sampling.extra`` must have passed :func:`sampling_options.check`.
+    ``sampling.extra`` must have passed :func:`sampling_options.check`. ``match_stop_strings=False``
+    leaves stop strings out, for a continuation whose text a :class:`StopScan` reads instead: vLLM
+    decodes a continuation's output primed with prompt + prefix, which does not reproduce the
+    uninterrupted request's text when the cut falls inside a multi-byte character, and matching stop
+    strings on it ended samples early (of 18 greedy samples with stop strings, cut after each token,
+    5 stopped at a cut's next token on a stop string their text never contained).
     """
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -34,7 +41,7 @@ def to_vllm_params(sampling: SamplingSpec, *, consumed: int = 0, sampler_state: 
         top_k=sampling.top_k,
         min_p=sampling.min_p,
         seed=sampling.seed,
-        stop=list(sampling.stop) or None,
+        stop=(list(sampling.stop) or None) if match_stop_strings else None,
         stop_token_ids=list(sampling.stop_token_ids) or None,
         ignore_eos=sampling.ignore_eos,
         presence_penalty=sampling.presence_penalty,

@@ -263,15 +263,18 @@ class ResumableEngine:
 
         consumed = 0 if base is None else base.num_tokens
         prompt = [int(t) for t in prompt_token_ids] + ([] if base is None else base.token_ids.tolist())
-        params = continuation.to_vllm_params(
-            sampling, consumed=consumed, sampler_state=None if base is None else base.sampler_state
-        )
         req = LiveRequest(
             index=index,
             sampling=sampling,
             base=base,
             version_starts=[(self._policy_version, 0)],
             scan=scan if scan is not None and scan.reads_text else None,
+        )
+        params = continuation.to_vllm_params(
+            sampling,
+            consumed=consumed,
+            sampler_state=None if base is None else base.sampler_state,
+            match_stop_strings=req.scan is None,
         )
         self._live[request_id] = req
         try:
