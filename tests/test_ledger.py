@@ -100,6 +100,30 @@ def test_capture_merges_engine_view_and_unknown_requests_restart(tmp_path: Path)
     assert samples[2].state is SampleState.NOT_STARTED
 
 
+def test_a_group_finished_at_once_is_ready_after_its_last_sample_not_before(tmp_path: Path) -> None:
+    """A cut records samples generated but not yet scored as finished; a trainer that then scores the
+    whole group (NeMo RL's rollout does) records every sample before the group may be ready."""
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    ledger.yield_group("g", [0, 4], [SPEC] * 3)
+    ledger.dispatch("g", policy_version=0)
+    unscored = dataclasses.replace(finished(0), reward=None)
+    ledger.capture({request_id("g", i): dataclasses.replace(unscored, index=i) for i in (1, 2)})
+    with pytest.raises(ValueError, match="ready, expected in_flight"):  # settling per sample: ready too early
+        for i in range(3):
+            ledger.finish("g", finished(i))
+    ledger = WorkLedger(EventLog(tmp_path / "events2.jsonl", fresh=True))
+    ledger.yield_group("g", [0, 4], [SPEC] * 3)
+    ledger.dispatch("g", policy_version=0)
+    ledger.capture({request_id("g", i): dataclasses.replace(unscored, index=i) for i in (1, 2)})
+    for i in range(3):
+        assert ledger.finish("g", finished(i, reward=float(i)), settle=False) is False
+    assert ledger["g"].state is GroupState.IN_FLIGHT
+    assert ledger.settle("g") is True
+    assert [s.reward for s in ledger["g"].samples] == [0.0, 1.0, 2.0]
+    kinds = [e["event"] for e in read_events(tmp_path / "events2.jsonl")]
+    assert kinds == ["yield", "dispatch", "finish", "finish", "finish", "ready"]
+
+
 def busy_ledger(tmp_path: Path) -> WorkLedger:
     """A ready group, an in-flight one with a 5-token prefix captured, a pending one, and an eviction."""
     ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))

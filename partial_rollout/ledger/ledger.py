@@ -192,7 +192,7 @@ class WorkLedger:
         self._emit(EventKind.DISPATCH, prompt=group_id, version=policy_version)
         return group
 
-    def finish(self, group_id: str, sample: SampleRecord, *, prefix_tokens: int = 0) -> bool:
+    def finish(self, group_id: str, sample: SampleRecord, *, prefix_tokens: int = 0, settle: bool = True) -> bool:
         """Record a finished (and rewarded) sample; returns True when that makes the group ready.
 
         Args:
@@ -200,6 +200,10 @@ class WorkLedger:
             sample: the finished sample; its ``index`` says which one it is.
             prefix_tokens: how many of its tokens were continued from a saved prefix (0 when it
                 was generated in one go), so an audit can count tokens continued.
+            settle: check whether the group is ready now. A trainer that finishes a whole group
+                at once passes False and calls :meth:`settle` after its last sample: a cut may
+                have recorded some of them finished (generated, not yet scored), which would
+                make the group ready before the others are recorded.
         """
         group = self._get(group_id, GroupState.IN_FLIGHT)
         if sample.state is not SampleState.FINISHED:
@@ -216,7 +220,7 @@ class WorkLedger:
             prefix_tokens=prefix_tokens,
             reward=sample.reward,
         )
-        return self.settle(group_id)
+        return self.settle(group_id) if settle else False
 
     def settle(self, group_id: str) -> bool:
         """Mark an in-flight group ready if all its samples are finished; returns whether it is ready.
