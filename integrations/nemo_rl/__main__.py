@@ -83,12 +83,6 @@ def check_supported(master_config: Any, config: PartialRolloutsConfig, *, gpu: b
             field=f"{BLOCK}.enabled",
             fix="Use async_rl.sampler.name: windowed, ready_first or weight_fifo",
         )
-    if master_config.grpo.max_rollout_turns != 1:
-        raise ConfigError(
-            f"supports single-turn rollouts only; grpo.max_rollout_turns is {master_config.grpo.max_rollout_turns}",
-            field=f"{BLOCK}.enabled",
-            fix="Set grpo.max_rollout_turns: 1",
-        )
     if master_config.cluster["gpus_per_node"] > 0 and not gpu:
         raise ConfigError(
             "has not run on GPUs yet: NeMo RL's own vLLM worker cannot cut and continue requests",

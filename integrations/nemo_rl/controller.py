@@ -134,7 +134,8 @@ def controller_class() -> Any:
         async def run(self) -> dict[str, Any]:
             result: dict[str, Any] = await super().run()
             if self._pr is not None:
-                self._pr.session.ledger.record_end(step=self._train_steps)
+                session = self._pr.session
+                session.ledger.record_end(step=self._train_steps, running=session.rolling_out())
             return result
 
         # ------------------------------------------------------------ weights

@@ -74,13 +74,16 @@ class CpuHarnessConfig:
     """Prompts in the data set (an epoch)."""
     prompt_tokens: int = 12
     """Length of each prompt, in tokens."""
+    turns: int = 1
+    """Turns of each rollout: the environment answers every reply but the last with an observation
+    (set ``grpo.max_rollout_turns`` at least as high)."""
     weight_noise: float = 0.02
     """Standard deviation of the noise one fake training step adds to every weight."""
     engine: dict[str, Any] = field(default_factory=dict)
     """Further :class:`~partial_rollout.engine.EngineConfig` fields (e.g. ``max_num_seqs``)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_engines", "num_prompts", "prompt_tokens"):
+        for name in ("num_engines", "num_prompts", "prompt_tokens", "turns"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"must be >= 1, got {getattr(self, name)}", field=f"partial_rollout_cpu.{name}")
         if not Path(self.engine_python).is_file():
@@ -134,22 +137,42 @@ class PromptSet(torch.utils.data.Dataset[dict[str, Any]]):
 
 @ray.remote(num_cpus=0)
 class ParityEnvironment:
-    """Reward 1 when the completion's text length has the prompt's target parity, else 0; one turn."""
+    """Reward ``1 / turns`` per reply whose text length has the prompt's target parity; ``turns`` turns.
+
+    Every reply but the last is answered with an observation, and the turn count travels in the
+    metadata (NeMo RL's environments keep their state there), so a rollout's reward lies in [0, 1].
+    """
+
+    OBSERVATION = " Again:"
+
+    def __init__(self, turns: int = 1) -> None:
+        self._turns = turns
+        self._steps = 0
+
+    def step_count(self) -> int:
+        """Samples stepped so far (a resume that replays a turn does not step it again)."""
+        return self._steps
 
     def step(self, message_logs: list[list[dict[str, str]]], infos: list[dict[str, Any]]) -> Any:
         from nemo_rl.environments.interfaces import EnvironmentReturn
 
-        rewards = []
+        rewards, observations, metadata, done = [], [], [], []
+        self._steps += len(message_logs)
         for log, info in zip(message_logs, infos, strict=True):
             reply = next((m["content"] for m in reversed(log) if m["role"] == "assistant"), "")
-            rewards.append(float(len(reply) % 2 == info["target"]))
+            rewards.append(float(len(reply) % 2 == info["target"]) / self._turns)
+            turn = int(info.get("turn", 0)) + 1
+            last = turn >= self._turns
+            observations.append({"role": "environment", "content": "" if last else self.OBSERVATION})
+            metadata.append({**info, "turn": turn})
+            done.append(last)
         n = len(rewards)
         return EnvironmentReturn(
-            observations=[{"role": "environment", "content": ""}] * n,
-            metadata=list(infos),
+            observations=observations,
+            metadata=metadata,
             next_stop_strings=[None] * n,
             rewards=torch.tensor(rewards),
-            terminateds=torch.ones(n, dtype=torch.bool),
+            terminateds=torch.tensor(done),
             answers=[None] * n,
         )
 
@@ -325,7 +348,7 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
     )
     pad = int(tokenizer.pad_token_id or 0)
     buffer = TQReplayBuffer(dp_client, partition_id=PARTITION, pad_value_dict={"token_ids": pad, "input_ids": pad})
-    envs = {TASK: ParityEnvironment.remote()}
+    envs = {TASK: ParityEnvironment.remote(harness.turns)}
     settings = GenerationSettings.from_nemo(generation, max_seq_len=max_seq_len, seed=grpo.seed)
     gen = EngineGeneration(engine, settings)
     rollout_manager = RolloutManager(

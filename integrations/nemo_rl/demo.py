@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,19 @@ class NemoEnvironment:
         }
 
 
-def run_side(nemo: NemoEnvironment, out: Path, *, enabled: bool, seed: int, timeout_s: float) -> dict[str, Any]:
-    """Train, kill, resume and audit one side; returns its audit report as JSON."""
+def run_side(
+    nemo: NemoEnvironment,
+    out: Path,
+    *,
+    enabled: bool,
+    seed: int,
+    timeout_s: float,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Train, kill, resume and audit one side; returns its audit report as JSON.
+
+    ``overrides``: further Hydra overrides of the demo's config (e.g. a multi-turn run).
+    """
     out.mkdir(parents=True, exist_ok=True)
     events = out / "events.jsonl"
     command = [
@@ -81,6 +93,7 @@ def run_side(nemo: NemoEnvironment, out: Path, *, enabled: bool, seed: int, time
         f"++checkpointing.partial_rollouts.enabled={str(enabled).lower()}",
         "++checkpointing.partial_rollouts.record_events=true",
         f"++checkpointing.partial_rollouts.events_path={events}",
+        *overrides,
     ]
     plan = KillPlan.draw(seed, holding="prefix_tokens" if enabled else "samples_unfinished")
     run = kill_and_resume(command, env=nemo.env(), cwd=out, events=events, plan=plan, timeout_s=timeout_s)

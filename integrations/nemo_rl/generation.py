@@ -41,10 +41,10 @@ class EngineGeneration:
         length = int(data["input_lengths"][0])
         input_ids = data["input_ids"][0, :length]
         ctx = CURRENT_SAMPLE.get()
+        stop = data.get("stop_strings", [None])[0]
         if self.session is not None and ctx is not None:
-            record = await self.session.generate(ctx, input_ids.tolist())
+            record = await self.session.generate(ctx, input_ids.tolist(), stop)
         else:
-            stop = data.get("stop_strings", [None])[0]
             sampling = self.settings.sampling(None, 0, length, stop)
             record = await self.engine.generate(str(uuid.uuid4()), input_ids.tolist(), sampling, index=0)
         n = record.num_tokens

@@ -18,6 +18,7 @@ from nemo_rl.experience.interfaces import PromptGroupRecord
 from nemo_rl.experience.rollout_manager import AsyncRolloutImpl
 from nemo_rl.utils.checkpoint import CheckpointManager
 
+from partial_rollout_integrations.nemo_rl import turns
 from partial_rollout_integrations.nemo_rl.session import CURRENT_SAMPLE, GROUP_KEY, SampleContext, Session
 
 ABORTED_STALE = "aborted_stale_in_flight"
@@ -78,6 +79,7 @@ class LedgerRollout(AsyncRolloutImpl):  # type: ignore[misc]
         wrapped.__dict__.update(impl.__dict__)
         wrapped._session = session
         wrapped._inflight = inflight
+        wrapped._task_to_env = {name: RecordedEnvironment(env, session) for name, env in impl._task_to_env.items()}
         return wrapped
 
     def _nemo_group_id(self) -> str | None:
@@ -96,8 +98,55 @@ class LedgerRollout(AsyncRolloutImpl):  # type: ignore[misc]
         return record
 
     async def _run_single_rollout(self, input_sample: Any, traj_idx: int) -> Any:
-        CURRENT_SAMPLE.set(SampleContext(input_sample[GROUP_KEY], traj_idx))
-        return await super()._run_single_rollout(input_sample, traj_idx)
+        ctx = SampleContext(input_sample[GROUP_KEY], traj_idx)
+        CURRENT_SAMPLE.set(ctx)
+        self._session.start_sample(ctx)
+        result = await super()._run_single_rollout(input_sample, traj_idx)
+        self._session.on_sample_done(ctx)
+        return result
+
+
+class RecordedEnvironment:
+    """A NeMo RL environment actor whose steps the session records per turn, and replays after a resume.
+
+    NeMo RL's rollout steps the environment through ``calculate_rewards`` in a worker thread (which
+    carries the rollout's context, so :data:`CURRENT_SAMPLE` names the sample) as
+    ``env.step.remote(...)`` followed by ``ray.get``. A step of a turn completed before the cut is
+    answered from the snapshot without calling the environment; any other is the environment's own,
+    recorded on the event loop before the rollout sees it. Other attributes are the actor's.
+    """
+
+    def __init__(self, env: Any, session: Session) -> None:
+        self._env = env
+        self._session = session
+        self.step = _Step(self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+class _Step:
+    def __init__(self, owner: RecordedEnvironment) -> None:
+        self._owner = owner
+
+    def remote(self, message_logs: Any, infos: Any) -> Any:
+        import ray
+        from nemo_rl.environments.interfaces import EnvironmentReturn
+
+        env, session = self._owner._env, self._owner._session
+        ctx = CURRENT_SAMPLE.get()
+        if ctx is None:
+            return env.step.remote(message_logs, infos)
+        saved = session.saved_env_return(ctx)
+        if saved is not None:
+            field = f"group {ctx.group_id} sample {ctx.index} turn {ctx.turn}"
+            result = turns.env_return(saved, EnvironmentReturn, field=field)
+            ref = ray.put(result)
+        else:
+            ref = env.step.remote(message_logs, infos)
+            result = ray.get(ref)
+        session.call_on_loop(session.on_env_step, ctx, result)
+        return ref
 
 
 class LedgerReplayBuffer(TQReplayBuffer):  # type: ignore[misc]

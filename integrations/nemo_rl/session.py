@@ -25,10 +25,11 @@ import contextvars
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from partial_rollout.engine import RolloutEngine
+from partial_rollout.errors import SnapshotError
 from partial_rollout.ledger import TRAIN_STEP, EventLog, WorkLedger, request_id
 from partial_rollout.snapshot import (
     GroupRecord,
@@ -39,7 +40,9 @@ from partial_rollout.snapshot import (
     Snapshot,
 )
 from partial_rollout_integrations.nemo_rl import datum as datum_codec
+from partial_rollout_integrations.nemo_rl import turns
 from partial_rollout_integrations.nemo_rl.config import PartialRolloutsConfig
+from partial_rollout_integrations.nemo_rl.turns import TURNS_KEY, UNSAVEABLE_KEY
 
 GROUP_KEY = "partial_rollout_group"
 """DatumSpec key holding the ledger's stable group id (added by the loader wrapper)."""
@@ -47,16 +50,44 @@ DATUM_KEY = "datum"
 """Key of the encoded DatumSpec in a group's ``data``."""
 NEMO_GROUP_KEY = "nemo_group_id"
 """Key of NeMo RL's group id (the attempt's uuid) in a group's ``data``."""
+TURNS_REPLAYED = "turns_replayed"
+"""Event: a restored sample's turns completed before the cut were served again, not redone."""
+ENV_NOT_SAVED = "environment_state_not_saved"
+"""Regeneration reason of a restored group whose environment return had no stored form."""
 EPOCH_KEY = "loader_epoch"
 """Snapshot metadata key: the epoch the loader wrapper was in at the cut."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SampleContext:
-    """Which sample of which group the current rollout coroutine generates."""
+    """Which sample of which group the current rollout coroutine generates, and at which turn."""
 
     group_id: str
     index: int
+    turn: int = 0
+    """Turns whose environment step is done in this attempt (replayed ones included)."""
+
+
+@dataclass(slots=True)
+class SampleProgress:
+    """One sample's rollout in the current attempt, as much as a cut needs of it."""
+
+    replay: list[dict[str, Any]]
+    """Turns completed before the cut this attempt resumed from: served again, not redone."""
+    resume: SampleRecord | None
+    """The saved record of the turn in progress at that cut (continued when that turn comes)."""
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    """Completed turns (encoded by :func:`~.turns.encode_turn`), replayed ones first."""
+    last: SampleRecord | None = None
+    """The last generation returned to NeMo RL."""
+    stepped: bool = False
+    """Whether the environment has stepped :attr:`last` (it is then the last of :attr:`turns`)."""
+    done: bool = False
+    """NeMo RL's rollout of this sample returned."""
+    prefix: int = 0
+    """Tokens continued from a saved prefix (the audit's tokens continued)."""
+    unsaveable: str | None = None
+    """Why a completed turn could not be saved, if one could not."""
 
 
 CURRENT_SAMPLE: contextvars.ContextVar[SampleContext | None] = contextvars.ContextVar(
@@ -66,9 +97,10 @@ CURRENT_SAMPLE: contextvars.ContextVar[SampleContext | None] = contextvars.Conte
 NeMo RL calls with token ids only."""
 
 
-def sample_seed(base_seed: int, group_id: str, index: int) -> int:
-    """A per-sample sampler seed: seeded sampling is what makes a continuation reproducible."""
-    digest = hashlib.blake2b(f"{base_seed}:{group_id}:{index}".encode(), digest_size=8).digest()
+def sample_seed(base_seed: int, group_id: str, index: int, turn: int = 0) -> int:
+    """A per-sample, per-turn sampler seed: seeded sampling is what makes a continuation reproducible."""
+    key = f"{base_seed}:{group_id}:{index}" + (f":{turn}" if turn else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -100,16 +132,16 @@ class GenerationSettings:
         )
 
     def sampling(
-        self, group_id: str | None, index: int, prompt_len: int, stop_strings: Sequence[str] | None
+        self, group_id: str | None, index: int, prompt_len: int, stop_strings: Sequence[str] | None, turn: int = 0
     ) -> SamplingSpec:
-        """The sampling of one sample, as NeMo RL's vLLM worker would set it, plus a seed (none without a group)."""
+        """One turn's sampling, as NeMo RL's vLLM worker sets it, plus a seed (none without a group)."""
         stop = tuple(dict.fromkeys([*self.stop_strings, *(stop_strings or ())]))
         return SamplingSpec(
             max_tokens=max(1, min(self.max_new_tokens, self.max_seq_len - prompt_len)),
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
-            seed=None if group_id is None else sample_seed(self.seed, group_id, index),
+            seed=None if group_id is None else sample_seed(self.seed, group_id, index, turn),
             stop=stop,
             stop_token_ids=self.stop_token_ids,
             # NeMo RL keeps a matched stop string in the completion's text and tokens.
@@ -141,8 +173,9 @@ class Session:
         """NeMo RL group id (an attempt's uuid) -> our group id."""
         self._running: dict[str, SampleContext] = {}
         """Engine requests submitted and not yet returned, by request id."""
-        self._generated: dict[tuple[str, int], tuple[SampleRecord, int]] = {}
-        """Samples whose generation returned but whose group has not finished: (record, prefix tokens)."""
+        self._progress: dict[tuple[str, int], SampleProgress] = {}
+        """Samples of dispatched groups that have not finished, by (group id, index)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._open = asyncio.Event()
         self._open.set()
         self.restored: dict[str, GroupRecord] = {}
@@ -167,6 +200,7 @@ class Session:
         group = self.ledger[group_id]
         if group_id in self.restored:
             del self.restored[group_id]  # restored in flight: its samples continue, nothing to redo
+            self._continue(group)
         elif group.state is not GroupState.PENDING:
             self._forget_samples(group_id)
             self.ledger.regenerate(group_id, reason="retry")
@@ -179,33 +213,106 @@ class Session:
                 NEMO_GROUP_KEY: nemo_group_id,
             }  # replaced, never changed in place (a cut shares it)
 
-    async def generate(self, ctx: SampleContext, prompt_token_ids: Sequence[int]) -> SampleRecord:
-        """Generate (or continue) one sample on the engine; returns its finished record."""
+    def _continue(self, group: GroupRecord) -> None:
+        """A restored in-flight group is dispatched again: each sample replays its turns, then continues."""
+        saved_turns = group.data.get(TURNS_KEY, {})
+        for sample in group.samples:
+            replay = list(saved_turns.get(str(sample.index), []))
+            resume = None if sample.state is SampleState.NOT_STARTED else sample
+            self._progress[(group.group_id, sample.index)] = SampleProgress(replay=replay, resume=resume)
+
+    def start_sample(self, ctx: SampleContext) -> None:
+        """NeMo RL's rollout of one sample starts (its first attempt, a retry, or a restored sample)."""
+        self._loop = asyncio.get_running_loop()
+        key = (ctx.group_id, ctx.index)
+        if key not in self._progress:
+            self._progress[key] = SampleProgress(replay=[], resume=None)
+
+    async def generate(
+        self, ctx: SampleContext, prompt_token_ids: Sequence[int], stop_strings: Sequence[str] | None
+    ) -> SampleRecord:
+        """Generate (or continue, or replay) the current turn of one sample; returns its finished record."""
         assert self.engine is not None, "generation without an engine"
+        progress = self._progress[(ctx.group_id, ctx.index)]
+        field_name = f"group {ctx.group_id} sample {ctx.index} turn {ctx.turn}"
+        if ctx.turn < len(progress.replay):  # completed before the cut: served from the snapshot
+            progress.last = turns.turn_record(progress.replay[ctx.turn], ctx.index, field=field_name)
+            progress.stepped = False
+            return progress.last
         await self._open.wait()  # a checkpoint's cut is running: start after it
-        group = self.ledger[ctx.group_id]
-        saved = group.samples[ctx.index]
-        resume_from = saved if saved.state is not SampleState.NOT_STARTED else None
+        resume_from, progress.resume = progress.resume, None
+        if resume_from is not None:
+            sampling = resume_from.sampling
+        else:
+            sampling = self.settings.sampling(ctx.group_id, ctx.index, len(prompt_token_ids), stop_strings, ctx.turn)
         rid = request_id(ctx.group_id, ctx.index)
         self._running[rid] = ctx
         try:
             record = await self.engine.generate(
-                rid, prompt_token_ids, saved.sampling, index=ctx.index, resume_from=resume_from
+                rid, prompt_token_ids, sampling, index=ctx.index, resume_from=resume_from
             )
         finally:
             del self._running[rid]
-        # Continued tokens: a saved prefix the engine went on from. A sample saved finished (generated,
-        # not yet scored at the cut) is kept whole, not continued.
-        continued = resume_from is not None and resume_from.state is SampleState.IN_FLIGHT
-        prefix = resume_from.num_tokens if continued else 0
-        self._generated[(ctx.group_id, ctx.index)] = (record, prefix)
+        # Continued tokens: a saved prefix the engine went on from. A turn saved finished (generated,
+        # not yet stepped at the cut) is kept whole, not continued.
+        if resume_from is not None and resume_from.state is SampleState.IN_FLIGHT:
+            progress.prefix += resume_from.num_tokens
+        progress.last, progress.stepped = record, False
         return record
+
+    def turn_of(self, group_id: str, index: int) -> int:
+        """Turns a sample has completed in this attempt (0 before its first environment step)."""
+        progress = self._progress.get((group_id, index))
+        return 0 if progress is None else len(progress.turns)
+
+    def rolling_out(self) -> list[str]:
+        """The request ids of samples whose rollout is under way (generating or in an environment step)."""
+        return [request_id(g, i) for (g, i), p in self._progress.items() if not p.done]
+
+    def saved_env_return(self, ctx: SampleContext) -> dict[str, Any] | None:
+        """The saved environment step of the current turn, if it was completed before the cut."""
+        progress = self._progress[(ctx.group_id, ctx.index)]
+        return progress.replay[ctx.turn] if ctx.turn < len(progress.replay) else None
+
+    def on_env_step(self, ctx: SampleContext, env_return: Any) -> None:
+        """The environment stepped the current turn (or its saved step was replayed): the turn is complete."""
+        progress = self._progress[(ctx.group_id, ctx.index)]
+        assert progress.last is not None and not progress.stepped, "an environment step without a generation"
+        if ctx.turn < len(progress.replay):
+            progress.turns.append(progress.replay[ctx.turn])
+            if ctx.turn + 1 == len(progress.replay):
+                self.ledger.log(TURNS_REPLAYED, prompt=ctx.group_id, sample=ctx.index, turns=len(progress.replay))
+        elif progress.unsaveable is None:
+            try:
+                progress.turns.append(
+                    turns.encode_turn(progress.last, env_return, field=f"group {ctx.group_id} sample {ctx.index}")
+                )
+            except SnapshotError as e:
+                progress.unsaveable = str(e)
+        progress.stepped = True
+        ctx.turn += 1
+
+    def call_on_loop(self, callback: Any, *args: Any) -> None:
+        """Run ``callback(*args)`` on the session's event loop, from a worker thread (an environment step)."""
+        assert self._loop is not None, "no sample has started"
+        self._loop.call_soon_threadsafe(callback, *args)
+
+    def on_sample_done(self, ctx: SampleContext) -> None:
+        """NeMo RL's rollout of the sample returned its completion."""
+        self._progress[(ctx.group_id, ctx.index)].done = True
 
     def on_group_done(self, group_id: str, rewards: Sequence[float]) -> None:
         """Every sample of the group was generated and scored: it is ready for NeMo RL's buffer."""
+        progresses = {index: self._progress.pop((group_id, index)) for index in range(len(rewards))}
+        # Its turns stay with it: a group finished here but not in NeMo RL's buffer at a cut is replayed.
+        _keep_turns(self.ledger[group_id], progresses)
         for index, reward in enumerate(rewards):
-            record, prefix = self._generated.pop((group_id, index))
-            self.ledger.finish(group_id, replace(record, reward=float(reward)), prefix_tokens=prefix)
+            last = progresses[index].last
+            assert last is not None, "a finished sample without a generation"
+            sample = replace(last, reward=float(reward))
+            self.ledger.finish(group_id, sample, prefix_tokens=progresses[index].prefix, settle=False)
+        ready = self.ledger.settle(group_id)
+        assert ready, "every sample of a done group is finished"
 
     def on_abort(self, group_id: str, reason: str) -> None:
         """NeMo RL cancelled the group's rollout (a stale abort at a weight sync): it drops the prompt."""
@@ -214,8 +321,8 @@ class Session:
             self.ledger.evict(group_id, reason=reason)
 
     def _forget_samples(self, group_id: str) -> None:
-        for key in [k for k in self._generated if k[0] == group_id]:
-            del self._generated[key]
+        for key in [k for k in self._progress if k[0] == group_id]:
+            del self._progress[key]
 
     def on_train_step(self, step: int, metrics: Mapping[str, Any]) -> None:
         """NeMo RL logged a training step's metrics: the reward curve of the event log."""
@@ -267,16 +374,24 @@ class Session:
     def capture(self, engine_samples: Mapping[str, SampleRecord]) -> None:
         """Every sample of the in-flight groups as it stands now (call right after :meth:`freeze`, same turn).
 
-        A sample is, at this instant, exactly one of: generated and returned to NeMo RL (its record
-        is kept here, not yet rewarded: the resume scores it again), running on an engine (the cut
-        holds its prefix), or not submitted (not started).
+        A sample's turn in progress is, at this instant, exactly one of: running on an engine (the
+        cut holds its prefix), generated and returned to NeMo RL but not stepped by the environment
+        yet, or rolled out to its end (either way its record is kept whole: the resume steps the
+        environment again or replays it), or not submitted (not started). Its completed turns go into
+        its group's ``data``.
         """
         missing = sorted(set(self._running) - set(engine_samples))
         if missing:
             raise RuntimeError(f"the engines' cut lacks running requests {missing[:5]}")
         samples = {rid: engine_samples[rid] for rid in self._running}
-        for (group_id, index), (record, _) in self._generated.items():
-            samples[request_id(group_id, index)] = record
+        by_group: dict[str, dict[int, SampleProgress]] = {}
+        for (group_id, index), progress in self._progress.items():
+            by_group.setdefault(group_id, {})[index] = progress
+            rid = request_id(group_id, index)
+            if rid not in samples and progress.last is not None and (progress.done or not progress.stepped):
+                samples[rid] = progress.last
+        for group in self.ledger.groups(GroupState.IN_FLIGHT):
+            _keep_turns(group, by_group.get(group.group_id, {}))
         self.ledger.capture(samples)
 
     def metadata(self) -> dict[str, Any]:
@@ -313,9 +428,24 @@ class Session:
                 continue
             if group.state is GroupState.READY:
                 group.state = GroupState.IN_FLIGHT  # finished here but not in NeMo RL's buffer: commit it again
+            if group.state is GroupState.IN_FLIGHT and UNSAVEABLE_KEY in group.data:
+                why = "; ".join(group.data[UNSAVEABLE_KEY].values())
+                self.ledger.regenerate(group.group_id, reason=f"{ENV_NOT_SAVED}: {why}")
             datum = datum_codec.decode(group.data[DATUM_KEY], field=f"group {group.group_id}: DatumSpec")
             datum[GROUP_KEY] = group.group_id
             if group.state is GroupState.IN_FLIGHT:
                 self.restored[group.group_id] = group
             again.append(datum)
         return again
+
+
+def _keep_turns(group: GroupRecord, progresses: Mapping[int, SampleProgress]) -> None:
+    """Put the samples' completed turns (and why any could not be kept) into the group's ``data``."""
+    data = {k: v for k, v in group.data.items() if k not in (TURNS_KEY, UNSAVEABLE_KEY)}
+    saved = {str(i): list(p.turns) for i, p in progresses.items() if p.turns}
+    unsaveable = {str(i): p.unsaveable for i, p in progresses.items() if p.unsaveable is not None}
+    if saved:
+        data[TURNS_KEY] = saved
+    if unsaveable:
+        data[UNSAVEABLE_KEY] = unsaveable
+    group.data = data  # replaced, never changed in place (an earlier cut shares it)

@@ -20,7 +20,7 @@ from pathlib import Path
 import nemo_rl_harness as harness
 import pytest
 
-from partial_rollout.ledger import audit
+from partial_rollout.ledger import audit, read_events
 
 pytestmark = [harness.needs_nemo_rl, pytest.mark.ray, pytest.mark.engine]
 
@@ -72,6 +72,9 @@ def test_flag_on_loses_nothing_and_flag_off_loses_prompts(tmp_path: Path) -> Non
     # reached max_num_steps, so it may stop short of the epoch).
     order = on["yield_order"]
     assert order == [f"e0:{i}" for i in range(len(order))] and len(order) >= on["trained"]
+    # NeMo RL retries a group whose rollout or commit raised; none may have.
+    retries = [e for e in read_events(tmp_path / "partial_rollouts_on" / "events.jsonl") if e.get("reason") == "retry"]
+    assert retries == []
     # Flag off: the same kill on the same NeMo RL loses the prompts its checkpoint left out.
     assert off["lost"] > 0
     assert off["tokens_continued"] == 0
@@ -108,7 +111,6 @@ except ConfigError as e:
     launcher = [str(harness.controller_python()), "-m", "partial_rollout_integrations.nemo_rl", "--config", str(config)]
     for override, message in (
         ("++async_rl.sampler.name=in_order", "not supported with the in_order sampler"),
-        ("++grpo.max_rollout_turns=2", "supports single-turn rollouts only"),
         ("++checkpointing.partial_rollouts.enabeld=true", "checkpointing.partial_rollouts.enabeld: unknown key"),
     ):
         out = subprocess.run(
