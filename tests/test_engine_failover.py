@@ -19,7 +19,7 @@ import pytest
 from benchmarks.failover import Attempt, until_delivered, watch
 from partial_rollout.engine import EngineConfig, EnginePool, NoEngineLeftError
 from partial_rollout.engine.failover import ENGINE_DIED, Delta, Failover, Received, Tracker
-from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, read_events
+from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, read_events, request_id
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 SEEDED = SamplingSpec(max_tokens=50, temperature=1.0, seed=4, ignore_eos=True)
@@ -94,6 +94,20 @@ def test_tracker_reports_one_failover_once_every_request_of_the_engine_moved() -
     tracker.hold(1, "a", a)
     tracker.release("a")
     assert set(tracker.records()) == {"b", "c"}
+
+
+def test_tracker_with_no_engine_left_reports_every_dead_engine_at_once() -> None:
+    tracker = Tracker()
+    reports: list[Failover] = []
+    tracker.on_failover = reports.append
+    for rid in ("a", "b", "c"):
+        tracker.hold(0 if rid != "c" else 1, rid, Received(index=0, sampling=GREEDY, base=None))
+    tracker.lost(0, "a", RuntimeError("gone"))
+    tracker.died(1, RuntimeError("gone too"))
+    tracker.strand()  # "b" and "c" have not noticed yet: they never will on their own before the trainer stops
+    assert sorted((r.engine, sorted(r.carried)) for r in reports) == [(0, ["a", "b"]), (1, ["c"])]
+    tracker.lost(0, "b", RuntimeError("gone"))  # its stream's error arrives late: nothing is reported twice
+    assert len(reports) == 2 and set(tracker.records()) == {"a", "b", "c"}
 
 
 # ---------------------------------------------------------------- real Ray actors, real engines
@@ -223,3 +237,72 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
     for rid in third:
         received = [t for a in attempts[rid] for t in a.tokens]
         assert last_cut.samples[rid].token_ids.tolist() == received and len(received) >= 8, rid
+
+
+@pytest.mark.engine
+@pytest.mark.ray
+def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left(
+    loop_thread, tiny_llama: Path, tmp_path: Path
+) -> None:
+    ray = pytest.importorskip("ray")
+    from partial_rollout.snapshot import load_snapshot
+    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config, run_training
+
+    config = load_config(
+        CONFIG_DIR / "fast.yaml",
+        [
+            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            "grpo.max_num_steps=200",  # the run cannot end before both engines are killed
+        ],
+    )
+    gen = config.generation
+    engine_config = EngineConfig(
+        model=str(tiny_llama),
+        max_model_len=gen.max_model_len,
+        max_num_seqs=gen.max_num_seqs,
+        kv_cache_memory_bytes=gen.kv_cache_memory_bytes,
+        multiprocessing=False,
+        seed=config.grpo.seed,
+    )
+
+    async def holds_tokens(pool: EnginePool, engine: int) -> None:
+        while not any(n >= 4 for n in pool.failover.on_engine(engine).values()):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+
+        async def train() -> BaseException:
+            pool = await EnginePool.ray(engine_config, 2)
+            run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
+            try:
+                for victim in (1, 0):
+                    await asyncio.wait_for(holds_tokens(pool, victim), timeout=600)
+                    ray.kill(pool.engines[victim].actor)  # type: ignore[attr-defined]
+                with pytest.raises(NoEngineLeftError) as caught:
+                    await run
+                return caught.value
+            finally:
+                await pool.shutdown()
+
+        error = loop_thread.run(train())
+    finally:
+        ray.shutdown()
+
+    events = list(read_events(tmp_path / "logs" / "events.jsonl"))
+    failovers = [e for e in events if e.get("kind") == ENGINE_FAILOVER]
+    assert [e["engine"] for e in failovers] == [1, 0]
+    assert all(e["requests"] and e["tokens_carried"] >= 4 for e in failovers), failovers
+    assert events[-1]["event"] == EventKind.SAVE_WRITTEN and events[-2]["event"] == EventKind.SAVE
+    step = events[-2]["step"]
+    assert events[-2]["seq"] > failovers[-1]["seq"]
+    assert "every engine has died" in str(error) and f"saved checkpoint step_{step}" in str(error), error
+
+    # the saved in-flight samples hold the tokens received from the dead engines, declared inexact
+    snapshot = load_snapshot(tmp_path / "checkpoints" / f"step_{step}")
+    continued = [s for g in snapshot.groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
+    assert continued and all(s.num_tokens > 0 and ENGINE_DIED in (s.inexact or "") for s in continued), continued
+    carried = {rid: n for e in failovers[-1:] for rid, n in e["carried"].items()}
+    by_request = {request_id(g.group_id, s.index): s for g in snapshot.groups for s in g.samples}
+    assert all(by_request[rid].num_tokens >= n for rid, n in carried.items() if rid in by_request)

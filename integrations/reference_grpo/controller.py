@@ -48,9 +48,17 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
-from partial_rollout.engine import RolloutEngine
+from partial_rollout.engine import NoEngineLeftError, RolloutEngine
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import EVENTS_FILENAME, TRAIN_STEP, EventLog, LedgerCut, WorkLedger, request_id
+from partial_rollout.ledger import (
+    ENGINE_FAILOVER,
+    EVENTS_FILENAME,
+    TRAIN_STEP,
+    EventLog,
+    LedgerCut,
+    WorkLedger,
+    request_id,
+)
 from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleState
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
@@ -174,6 +182,7 @@ class GRPOLoop:
     # ---------------------------------------------------------------- the run
 
     async def run(self) -> dict[str, Any]:
+        lost: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -185,8 +194,12 @@ class GRPOLoop:
                 for t in list(self._tasks):
                     t.cancel()
             self.ledger.log(ENGINE_PROGRESS, tokens_received=progress.tokens_received, live_tokens=progress.live_tokens)
+        except* NoEngineLeftError as stopped:
+            lost = stopped.exceptions[0]
         finally:
             self._bar.close()
+        if isinstance(lost, NoEngineLeftError):
+            await self._stop_without_engines(lost)
         # Restored continuations may still be running: the run stops at its last step without waiting for them.
         self.ledger.record_end(step=self.step, running=progress.live_tokens)
         return {
@@ -333,7 +346,23 @@ class GRPOLoop:
 
     # ---------------------------------------------------------------- checkpoint
 
-    async def _save(self) -> None:
+    async def _stop_without_engines(self, lost: NoEngineLeftError) -> None:
+        """Every engine died: save what this process holds (each request's tokens received), then stop."""
+        saved = "checkpointing is off: nothing saved"
+        if self.config.checkpointing.enabled:
+            saved = (
+                f"saved checkpoint step_{self.step} with every prompt in flight and the tokens received"
+                if await self._save()
+                else f"checkpoint step_{self.step} could not be written (see the log)"
+            )
+        raise NoEngineLeftError(
+            f"training stopped at step {self.step}, every engine has died ({lost}); {saved}."
+            " Resume it with --resume once engines run again",
+            lost.record,
+        ) from lost
+
+    async def _save(self) -> bool:
+        """Take a checkpoint; ``False`` when it could not be written (the run goes on from the previous one)."""
         folder = checkpoint.begin(self.checkpoint_dir, self.step)
         await asyncio.to_thread(self.policy.save, folder / checkpoint.POLICY_DIR)
         checkpoint.write_training_info(
@@ -379,8 +408,9 @@ class GRPOLoop:
             logger.error("checkpoint of step %d not written, the previous one stays: %s", self.step, exc)
             self.ledger.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
             await asyncio.to_thread(checkpoint.discard, folder)
-            return
+            return False
         self.ledger.record_written(cut, write_ms=_ms(time.perf_counter() - writing), bytes=size)
+        return True
 
     def _cut(self, folder: Path, *, states: set[GroupState], engines: dict[str, int] | None = None) -> LedgerCut:
         metadata: dict[str, Any] = {"epoch": self.epoch}
@@ -465,6 +495,8 @@ async def run_training(
         else:
             cluster.connect(config.ray.address)
             engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
+    if isinstance(engine, EnginePool):  # an engine that dies hands its requests to the others: the log says so
+        engine.failover.on_failover = lambda f: ledger.log(ENGINE_FAILOVER, **f.fields())
     try:
         fingerprints = await engine.fingerprints()
         loop = GRPOLoop(

@@ -239,10 +239,24 @@ class Tracker:
 
     def lost(self, engine: int, request_id: str, error: BaseException) -> None:
         """``request_id`` lost its engine; it stays followed until another engine holds it."""
-        _, received = self._held[request_id]
-        self._held[request_id] = (None, received)
-        self._moved.setdefault(engine, {})[request_id] = received.num_tokens
+        self._leave(request_id)
         self.died(engine, error)
+
+    def strand(self) -> None:
+        """No engine is left: every request held by a dead one has left it (it stays followed for a cut).
+
+        Called at the first request that finds no engine, so every failover is reported then, not
+        whenever the other requests' streams report the death (after the trainer may have stopped)."""
+        for request_id, (engine, _) in list(self._held.items()):
+            if engine is not None:
+                self._leave(request_id)
+                self._report(engine)
+
+    def _leave(self, request_id: str) -> None:
+        engine, received = self._held[request_id]
+        if engine is not None:  # not already moving
+            self._held[request_id] = (None, received)
+            self._moved.setdefault(engine, {})[request_id] = received.num_tokens
 
     def records(self, *, skip: Container[str] = ()) -> dict[str, SampleRecord]:
         """What the trainer holds of every request it follows but those in ``skip``, by id: for a request

@@ -201,6 +201,7 @@ class EnginePool:
         while True:
             alive = self._alive()
             if not alive:
+                self.failover.strand()
                 raise failover.NoEngineLeftError(
                     f"{request_id}: all {len(self.engines)} engines of the pool have died"
                     f" ({'; '.join(self.failover.dead.values())}); save a checkpoint and restart with working engines",
