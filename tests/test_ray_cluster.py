@@ -104,3 +104,27 @@ def test_joins_the_cluster_ray_address_names(running_cluster: str, monkeypatch: 
         assert ray.get(ray.remote(lambda: 6 * 7).remote()) == 42
     finally:
         ray.shutdown()
+
+
+def test_placements_gpus_on_a_gpu_cluster_and_core_groups_on_cpu() -> None:
+    """GPUs declared to Ray (no GPU needed to check the request), then a CPU cluster; caller options merged."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, object_store_memory=128 * 2**20)
+    try:
+        assert cluster.placements(2) == [{"num_cpus": 0, "num_gpus": 1}] * 2
+        assert cluster.placements(1, tensor_parallel_size=2)[0]["num_gpus"] == 2
+    finally:
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20)
+    try:
+        theirs = {"runtime_env": {"py_executable": "/venv/bin/python", "env_vars": {"PYTHONPATH": "/lib"}}}
+        placed = cluster.placements(2, overrides=theirs)
+        groups = cluster.core_groups(2)
+        for options, cores in zip(placed, groups, strict=True):
+            env = options["runtime_env"]["env_vars"]
+            assert options["runtime_env"]["py_executable"] == "/venv/bin/python" and env["PYTHONPATH"] == "/lib"
+            assert env[cluster.PIN_ENV] == ",".join(map(str, cores)) and env["OMP_NUM_THREADS"] == str(len(cores))
+            assert "num_gpus" not in options
+        assert all("runtime_env" not in o for o in cluster.placements(2, pin_cpus=False))
+    finally:
+        ray.shutdown()
