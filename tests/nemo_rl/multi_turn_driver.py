@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from nemo_rl.experience.rollout_manager import AsyncRolloutImpl
 from transformers import AutoTokenizer
 
@@ -60,6 +61,24 @@ def completions(record: Any) -> list[dict[str, Any]]:
         }
         for c in record.completions
     ]
+
+
+@ray.remote(num_cpus=0)
+class OpaqueEnvironment:
+    """One turn whose metadata holds a set: JSON has no form for it, so no snapshot can keep the turn."""
+
+    def step(self, message_logs: list[Any], infos: list[dict[str, Any]]) -> Any:
+        from nemo_rl.environments.interfaces import EnvironmentReturn
+
+        n = len(message_logs)
+        return EnvironmentReturn(
+            observations=[{"role": "environment", "content": ""}] * n,
+            metadata=[{**info, "seen": {1, 2}} for info in infos],
+            next_stop_strings=[None] * n,
+            rewards=torch.zeros(n),
+            terminateds=torch.ones(n, dtype=torch.bool),
+            answers=[None] * n,
+        )
 
 
 GENERATIONS: list[list[Any]] = []
@@ -106,12 +125,12 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
             engine=engine,
         )
 
-    def rollout(s: Session) -> LedgerRollout:
+    def rollout(s: Session, environment: Any = None) -> LedgerRollout:
         gen = EngineGeneration(engine, SETTINGS)
         gen.session = s
         impl = AsyncRolloutImpl(
             tokenizer=tokenizer,
-            task_to_env={TASK: env},
+            task_to_env={TASK: environment or env},
             num_generations_per_prompt=GROUP_SIZE,
             max_seq_len=512,
             max_rollout_turns=TURNS,
@@ -194,7 +213,26 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
         resumed = await rollout(resumed_session).run_rollout(again)
         resume_steps = await env_steps() - steps
         events = list(read_events(out / "resume" / "events.jsonl"))
+
+        # 4. An environment whose metadata has no stored form: its group is regenerated, and says why.
+        opaque_session = session("opaque")
+        opaque_session.on_yield("e0:99", datum)
+        await rollout(opaque_session, OpaqueEnvironment.remote()).run_rollout({**datum, GROUP_KEY: "e0:99"})
+        engine_cut = await opaque_session.freeze()
+        opaque_session.capture(engine_cut.samples)
+        await opaque_session.thaw()
+        opaque_session.ledger.save(
+            out / "opaque_checkpoint", trainer_step=0, policy_version=0, fingerprints=fingerprints, loader_state=None
+        )
+        reopened = session("opaque_resume")
+        again_opaque = reopened.restore(reopened.ledger.load(out / "opaque_checkpoint"), in_nemo_buffer=[])
+        opaque_events = list(read_events(out / "opaque_resume" / "events.jsonl"))
         return {
+            "opaque": {
+                "redispatched": len(again_opaque),
+                "continued": sorted(reopened.restored),
+                "regenerated": [e["reason"] for e in opaque_events if e["event"] == "regenerate"],
+            },
             "attempts": attempt + 1,
             "uninterrupted": completions(reference),
             "resumed": completions(resumed),

@@ -63,6 +63,11 @@ def test_a_resumed_multi_turn_group_equals_the_uninterrupted_one(tmp_path: Path)
     assert sorted(report["turns_replayed"]) == sorted(s["turns"] for s in saved.values() if s["turns"])
     prefix_saved = sum(s["prefix"] for s in saved.values() if s["state"] == "in_flight")
     assert sum(report["prefix_tokens_continued"]) == prefix_saved > 0
+    # An environment whose metadata has no stored form: the group is regenerated, declared with the field.
+    opaque = report["opaque"]
+    assert (opaque["redispatched"], opaque["continued"]) == (1, [])
+    (reason,) = opaque["regenerated"]
+    assert reason.startswith("environment_state_not_saved") and "environment.metadata.seen" in reason, reason
 
 
 def test_a_killed_multi_turn_run_loses_nothing(tmp_path: Path) -> None:
