@@ -2,8 +2,9 @@
 
 **Stall of one cut** for 1, 2 and 4 engines (Ray actors on a local cluster, each pinned to its own
 core group), each with ``--per-engine`` samples in flight (64 by default, seeded, 3-5 x ``--prefix``
-tokens each): the samples are submitted together, and once every engine has run about ``--prefix``
-decode steps the pool is cut (every engine paused concurrently, keep mode) and resumed at once.
+tokens each): the samples are submitted to paused engines and start together once every engine holds
+its own, and once every engine has run ``--prefix`` decode steps with every sample in flight the pool is
+cut (every engine paused concurrently, keep mode) and resumed at once.
 The stall is what the reference trainer logs: from the pause request until ``resume()`` returned,
 minus the step each engine was finishing (its tokens belong to the cut). It is reported in
 milliseconds and in decode steps (the stall over the median wall time of one engine step before
@@ -88,17 +89,38 @@ async def _finish(pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]]) -> 
     return done, time.perf_counter() - t
 
 
+async def _live(pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]]) -> tuple[list[int], dict[str, int]]:
+    """Each engine's step count and every running request's tokens (a request that ended early raises)."""
+    for rid, task in tasks.items():
+        if task.done():
+            task.result()  # its error, if it failed
+            raise RuntimeError(f"{rid} finished before the cut: raise --prefix (its budget is 3-5 x --prefix)")
+    parts = await asyncio.gather(*[e.progress() for e in pool.engines])
+    return [p.steps or 0 for p in parts], {rid: n for p in parts for rid, n in p.live_tokens.items()}
+
+
 async def cut_point(pool: Any, work: Work, prefix: int) -> dict[str, Any]:
-    """Run ``work`` on ``pool``, cut once every engine has run ``prefix`` steps, finish in place."""
-    base = await _steps(pool)
+    """Start ``work`` on ``pool`` at once, cut once every engine has run ``prefix`` steps with all its samples
+    in flight, finish in place.
+
+    The samples are submitted to paused engines, which resume once they hold every one: over Ray on a
+    loaded machine the submissions arrive over a second or more, and the first samples would otherwise
+    run to their end before the last ones started (an earlier version cut 1 engine with 21 of 64 in flight).
+    The engines are polled back to back, without sleeping, so that the cut comes as soon as it may.
+    """
+    await pool.pause_and_capture()
     tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
+    while len((await _live(pool, tasks))[1]) < len(work):
+        pass
+    base = await _steps(pool)
+    await pool.resume()
     timeline: list[tuple[float, list[int]]] = [(time.perf_counter(), [0] * len(pool.engines))]
     while True:
-        steps = [s - b for s, b in zip(await _steps(pool), base, strict=True)]
+        counts, live = await _live(pool, tasks)
+        steps = [s - b for s, b in zip(counts, base, strict=True)]
         timeline.append((time.perf_counter(), steps))
-        if min(steps) >= prefix:
+        if min(steps) >= prefix and len(live) == len(work) and min(live.values()) > 0:
             break
-        await asyncio.sleep(0.02)
     requested = time.perf_counter()
     cut = await pool.pause_and_capture()
     captured = time.perf_counter()
@@ -114,6 +136,8 @@ async def cut_point(pool: Any, work: Work, prefix: int) -> dict[str, Any]:
     step_s = statistics.median(per_engine)
     stall_s = resumed - requested - cut.stop_s
     in_flight = [r for r in cut.samples.values() if r.state is SampleState.IN_FLIGHT and r.num_tokens]
+    if len(in_flight) < len(work):
+        raise RuntimeError(f"the cut came late: {len(in_flight)} of {len(work)} samples in flight; raise --prefix")
     return dict(
         engines=len(pool.engines),
         samples=len(work),
