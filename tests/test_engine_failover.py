@@ -1,9 +1,11 @@
 """An engine that dies mid-run loses no tokens: its requests continue on the engines left.
 
-The engine test kills real Ray actors (``ray.kill``) under real vLLM engines on the tiny Llama:
-one of three while requests are in flight (every request finishes, none is lost or duplicated, and
-no token the pool had received is generated again), a second one right before a cut (the cut still
-holds every request), and the last one (the error says so, and the cut still holds what was received).
+The engine tests kill real Ray actors (``ray.kill``) under real vLLM engines on the tiny Llama:
+one of two, after which the engine that takes its requests counts only what is left of their
+budgets; one of three while requests are in flight (every request finishes, none is lost or
+duplicated, and no token the pool had received is generated again), a second one right before a cut
+(the cut still holds every request), and the last one (the error says so, and the cut still holds
+what was received).
 """
 
 from __future__ import annotations
@@ -115,6 +117,55 @@ def test_tracker_with_no_engine_left_reports_every_dead_engine_at_once() -> None
 
 def submit(pool: EnginePool, work: dict[str, tuple[list[int], SamplingSpec]]) -> dict[str, asyncio.Future[Any]]:
     return {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
+
+
+@pytest.mark.engine
+@pytest.mark.ray
+def test_a_moved_request_weighs_what_is_left_of_its_budget_on_the_engine_that_takes_it(
+    loop_thread, tiny_llama: Path
+) -> None:
+    ray = pytest.importorskip("ray")
+    config = EngineConfig(
+        model=str(tiny_llama), max_model_len=1024, multiprocessing=False, kv_cache_memory_bytes=64 * 2**20
+    )
+    rng = random.Random(7)
+    work = {
+        f"r{i}": (
+            [rng.randrange(4, 500) for _ in range(16)],
+            SamplingSpec(max_tokens=300 + 10 * i, seed=i, ignore_eos=True),
+        )
+        for i in range(6)
+    }
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+
+        async def run() -> tuple[list[int], list[int], set[str]]:
+            pool = await EnginePool.ray(config, 2)
+            reported: asyncio.Future[Failover] = asyncio.get_running_loop().create_future()
+            pool.failover.on_failover = reported.set_result
+            tasks = submit(pool, work)
+            try:
+                await until_delivered(pool, 1, tokens=4)
+                ray.kill(pool.engines[1].actor)  # type: ignore[attr-defined]
+                # reported once the last of its requests left it, which is placed on engine 0 before
+                # this await returns: the balance is read in one await-free moment after every move
+                carried = (await reported).carried
+                owed = [0, 0]
+                for rid, engine in pool._placed.items():
+                    owed[engine] += work[rid][1].max_tokens - carried.get(rid, 0)
+                return list(pool._outstanding), owed, set(carried) & set(pool._placed)
+            finally:
+                for task in tasks.values():
+                    task.cancel()
+                await asyncio.gather(*tasks.values(), return_exceptions=True)
+                await pool.shutdown()
+
+        outstanding, owed, moved = loop_thread.run(run(), timeout=1500)
+    finally:
+        ray.shutdown()
+
+    # the survivor counts each moved request's budget minus the tokens received from the dead engine
+    assert moved and outstanding == owed and owed[1] == 0, (outstanding, owed, moved)
 
 
 @pytest.mark.engine

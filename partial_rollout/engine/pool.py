@@ -190,15 +190,17 @@ class EnginePool:
 
         Work is counted in tokens, not requests: a resumed sample weighs what is left of its budget
         (``max_tokens`` minus its prefix), so restored requests spread evenly over however many
-        engines the resume has, whatever their prefixes.
+        engines the resume has, whatever their prefixes; so does a request moved off a dead engine
+        (minus the tokens received from it).
 
         Raises:
             failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
                 and in :meth:`pause_and_capture`'s cut, as are those of requests cancelled since).
         """
         received = failover.Received(index=index, sampling=sampling, base=resume_from)
-        work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens)
         while True:
+            # what is left of the budget: a request moved after a failover brings the tokens received
+            work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens) - received.num_tokens
             alive = self._alive()
             if not alive:
                 self.failover.strand()
