@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig, EnginePool, ResumableEngine
+from partial_rollout.engine.factory import make_async_engine
+from partial_rollout.engine.resumable import with_worker_hooks
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]
@@ -59,7 +61,8 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
     assert any(r.state is SampleState.IN_FLIGHT and r.num_tokens > 0 for r in cut.samples.values())
 
     async def resume_side():
-        pool = await EnginePool.local(config)
+        llm = make_async_engine(with_worker_hooks(config))
+        pool = EnginePool([await ResumableEngine.attach(llm, with_worker_hooks(config))])
         try:
             assert await pool.fingerprints() == prints
             resumed = await asyncio.gather(
@@ -71,18 +74,51 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
             for rid in reversed(work):
                 scratch[rid] = asyncio.ensure_future(pool.generate(f"scratch-{rid}", *work[rid], index=0))
                 await asyncio.sleep(0.05)
-            return resumed, [await scratch[rid] for rid in work]
+            # the prefill floor: a continuation prefills its prefix where the reference decoded it step
+            # by step; the reference's own tokens scored in one prefill measure what that path moves
+            prefill = [await _score(llm, work[rid][0] + ref[rid].token_ids.tolist(), rid) for rid in work]
+            # the continuation's own batch noise: the same continuations again in two halves, one
+            # after the other (other batches than all together)
+            halves = []
+            for half in (list(work)[::2], list(work)[1::2]):
+                halves += await asyncio.gather(
+                    *[pool.generate(f"half-{rid}", *work[rid], index=0, resume_from=cut.samples[rid]) for rid in half]
+                )
+            again = dict(zip(list(work)[::2] + list(work)[1::2], halves, strict=True))
+            return resumed, [await scratch[rid] for rid in work], prefill, [again[rid] for rid in work]
         finally:
             await pool.shutdown()
 
-    resumed, scratch = loop_thread.run(resume_side())
+    resumed, scratch, prefill, halves = loop_thread.run(resume_side())
     noise_floor = 0.0
+    for out, half in zip(resumed, halves, strict=True):
+        differ = np.flatnonzero(out.token_ids != half.token_ids)
+        upto = int(differ[0]) if len(differ) else out.num_tokens
+        noise_floor = max(noise_floor, float(np.abs(out.logprobs[:upto] - half.logprobs[:upto]).max(initial=0)))
+    for rid, scored in zip(work, prefill, strict=True):
+        noise_floor = max(noise_floor, float(np.abs(scored[len(work[rid][0]) - 1 :] - ref[rid].logprobs).max()))
     for rid, again in zip(work, scratch, strict=True):
         differ = np.flatnonzero(again.token_ids != ref[rid].token_ids)
         upto = int(differ[0]) if len(differ) else again.num_tokens
         noise_floor = max(noise_floor, float(np.abs(again.logprobs[:upto] - ref[rid].logprobs[:upto]).max(initial=0)))
+    print(f"noise floor {noise_floor:.3g}")
     for rid, out in zip(work, resumed, strict=True):
         assert out.inexact is None
         np.testing.assert_array_equal(out.token_ids, ref[rid].token_ids, err_msg=rid)
         # concurrent on both sides: logprobs agree within the engine's noise floor (docs/exact_resume.md)
         np.testing.assert_allclose(out.logprobs, ref[rid].logprobs, rtol=0, atol=noise_floor, err_msg=rid)
+
+
+async def _score(llm, tokens: list[int], name: str) -> np.ndarray:
+    """Logprob of each of ``tokens[1:]`` given those before it, from one prefill (its own cache salt:
+    no KV block of an earlier request is reused). The samples here use temperature 0 or 1 and no
+    top-p / top-k, where the recorded (processed) logprobs are these raw ones."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    final = None
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+    async for out in llm.generate(TokensPrompt(prompt_token_ids=tokens, cache_salt=f"score-{name}"), params, name):
+        final = out
+    assert final is not None and final.prompt_logprobs is not None
+    return np.array([lp[t].logprob for lp, t in zip(final.prompt_logprobs[1:], tokens[1:], strict=True)])
