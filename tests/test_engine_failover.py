@@ -21,7 +21,7 @@ import pytest
 from benchmarks.failover import Attempt, until_delivered, watch
 from partial_rollout.engine import EngineConfig, EnginePool, NoEngineLeftError
 from partial_rollout.engine.failover import ENGINE_DIED, Delta, Failover, Received, Tracker
-from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, read_events, request_id
+from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, audit, read_events, request_id
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 SEEDED = SamplingSpec(max_tokens=50, temperature=1.0, seed=4, ignore_eos=True)
@@ -292,7 +292,7 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
 
 @pytest.mark.engine
 @pytest.mark.ray
-def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left(
+def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left_then_resumes_it(
     loop_thread, tiny_llama: Path, tmp_path: Path
 ) -> None:
     ray = pytest.importorskip("ray")
@@ -357,3 +357,17 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
     carried = {rid: n for e in failovers[-1:] for rid, n in e["carried"].items()}
     by_request = {request_id(g.group_id, s.index): s for g in snapshot.groups for s in g.samples}
     assert all(by_request[rid].num_tokens >= n for rid, n in carried.items() if rid in by_request)
+
+    # --resume from that checkpoint, on one engine in this process: every saved prefix is continued
+    resumed = load_config(
+        CONFIG_DIR / "fast.yaml",
+        [
+            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            f"grpo.max_num_steps={step + 2}",
+        ],
+    )
+    assert loop_thread.run(run_training(resumed, resume=True, progress=False))["step"] == step + 2
+    report = audit(tmp_path / "logs" / "events.jsonl")
+    assert report.complete and report.lost == report.duplicated == report.stranded == 0, report
+    assert report.tokens_continued == sum(s.num_tokens for s in continued) and report.tokens_regenerated == 0
