@@ -290,6 +290,74 @@ def test_requests_of_a_killed_engine_continue_on_the_others_from_the_tokens_rece
         assert last_cut.samples[rid].token_ids.tolist() == received and len(received) >= 8, rid
 
 
+def fast_trainer(tmp_path: Path, model: Path, *, max_num_steps: int) -> tuple[Any, EngineConfig]:
+    """The reference trainer's fast config, writing under ``tmp_path``, and the engines its run would start."""
+    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
+
+    config = load_config(
+        CONFIG_DIR / "fast.yaml",
+        [
+            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
+            f"logger.log_dir={tmp_path / 'logs'}",
+            f"grpo.max_num_steps={max_num_steps}",
+        ],
+    )
+    gen = config.generation
+    engine_config = EngineConfig(
+        model=str(model),
+        max_model_len=gen.max_model_len,
+        max_num_seqs=gen.max_num_seqs,
+        kv_cache_memory_bytes=gen.kv_cache_memory_bytes,
+        multiprocessing=False,
+        seed=config.grpo.seed,
+    )
+    return config, engine_config
+
+
+async def holds_tokens(pool: EnginePool, engine: int) -> None:
+    """Until a request on ``engine`` has delivered 4 tokens to the pool (a kill then moves a prefix)."""
+    while not any(n >= 4 for n in pool.failover.on_engine(engine).values()):  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.engine
+@pytest.mark.ray
+def test_a_trainer_run_that_loses_one_of_three_engines_finishes_with_nothing_lost(
+    loop_thread, tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Three Ray engines, one killed once its requests hold tokens: the run reaches its last step, loses nothing."""
+    ray = pytest.importorskip("ray")
+    from partial_rollout_integrations.reference_grpo import run_training
+
+    config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=6)
+    victim = 1
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+
+        async def train() -> dict[str, Any]:
+            pool = await EnginePool.ray(engine_config, 3)
+            run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
+            try:
+                await asyncio.wait_for(holds_tokens(pool, victim), timeout=600)
+                ray.kill(pool.engines[victim].actor)  # type: ignore[attr-defined]
+                return await run
+            finally:
+                await pool.shutdown()
+
+        summary = loop_thread.run(train())
+    finally:
+        ray.shutdown()
+
+    events_path = tmp_path / "logs" / "events.jsonl"
+    (failover,) = [e for e in read_events(events_path) if e.get("kind") == ENGINE_FAILOVER]
+    assert failover["engine"] == victim and failover["requests"] and failover["tokens_carried"] >= 4, failover
+    report = audit(events_path)
+    assert summary["step"] == 6 and report.complete
+    assert (report.lost, report.duplicated, report.stranded) == (0, 0, 0), report.lost_ids + report.duplicated_ids
+    # A failover regenerates nothing: every token the dead engine delivered is kept.
+    assert report.tokens_regenerated == 0
+
+
 @pytest.mark.engine
 @pytest.mark.ray
 def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left_then_resumes_it(
@@ -297,29 +365,10 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
 ) -> None:
     ray = pytest.importorskip("ray")
     from partial_rollout.snapshot import load_snapshot
-    from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config, run_training
+    from partial_rollout_integrations.reference_grpo import run_training
 
-    config = load_config(
-        CONFIG_DIR / "fast.yaml",
-        [
-            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
-            f"logger.log_dir={tmp_path / 'logs'}",
-            "grpo.max_num_steps=200",  # the run cannot end before both engines are killed
-        ],
-    )
-    gen = config.generation
-    engine_config = EngineConfig(
-        model=str(tiny_llama),
-        max_model_len=gen.max_model_len,
-        max_num_seqs=gen.max_num_seqs,
-        kv_cache_memory_bytes=gen.kv_cache_memory_bytes,
-        multiprocessing=False,
-        seed=config.grpo.seed,
-    )
-
-    async def holds_tokens(pool: EnginePool, engine: int) -> None:
-        while not any(n >= 4 for n in pool.failover.on_engine(engine).values()):  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+    # max_num_steps: the run cannot end before both engines are killed
+    config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=200)
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     try:
@@ -359,14 +408,7 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
     assert all(by_request[rid].num_tokens >= n for rid, n in carried.items() if rid in by_request)
 
     # --resume from that checkpoint, on one engine in this process: every saved prefix is continued
-    resumed = load_config(
-        CONFIG_DIR / "fast.yaml",
-        [
-            f"checkpointing.checkpoint_dir={tmp_path / 'checkpoints'}",
-            f"logger.log_dir={tmp_path / 'logs'}",
-            f"grpo.max_num_steps={step + 2}",
-        ],
-    )
+    resumed, _ = fast_trainer(tmp_path, tiny_llama, max_num_steps=step + 2)
     assert loop_thread.run(run_training(resumed, resume=True, progress=False))["step"] == step + 2
     report = audit(tmp_path / "logs" / "events.jsonl")
     assert report.complete and report.lost == report.duplicated == report.stranded == 0, report
