@@ -118,22 +118,22 @@ class RecordedEnvironment:
 
     def __init__(self, env: Any, session: Session) -> None:
         self._env = env
-        self._session = session
-        self.step = _Step(self)
+        self.step = _Step(env, session)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
 
 class _Step:
-    def __init__(self, owner: RecordedEnvironment) -> None:
-        self._owner = owner
+    def __init__(self, env: Any, session: Session) -> None:
+        self._env = env
+        self._session = session
 
     def remote(self, message_logs: Any, infos: Any) -> Any:
         import ray
         from nemo_rl.environments.interfaces import EnvironmentReturn
 
-        env, session = self._owner._env, self._owner._session
+        env, session = self._env, self._session
         ctx = CURRENT_SAMPLE.get()
         if ctx is None:
             return env.step.remote(message_logs, infos)

@@ -234,9 +234,9 @@ class Session:
         """Generate (or continue, or replay) the current turn of one sample; returns its finished record."""
         assert self.engine is not None, "generation without an engine"
         progress = self._progress[(ctx.group_id, ctx.index)]
-        field_name = f"group {ctx.group_id} sample {ctx.index} turn {ctx.turn}"
         if ctx.turn < len(progress.replay):  # completed before the cut: served from the snapshot
-            progress.last = turns.turn_record(progress.replay[ctx.turn], ctx.index, field=field_name)
+            where = f"group {ctx.group_id} sample {ctx.index} turn {ctx.turn}"
+            progress.last = turns.turn_record(progress.replay[ctx.turn], ctx.index, field=where)
             progress.stepped = False
             return progress.last
         await self._open.wait()  # a checkpoint's cut is running: start after it
