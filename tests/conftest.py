@@ -8,8 +8,11 @@ event loop it first runs in, so session engines live on one loop in a background
 from __future__ import annotations
 
 import asyncio
+import io
 import os
+import sys
 import threading
+import traceback
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +25,9 @@ T = TypeVar("T")
 # process (cheaper), and vLLM caches its environment once an engine has started.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A Ray call after a test's ``ray.shutdown`` (a task it left running) raises instead of silently
+# starting a new local cluster that the next test's ``ray.init`` then trips over.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -43,7 +49,31 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 600) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """``coro``'s result; past ``timeout``, where it was stuck, after cancelling it (it stops using Ray)."""
+
+        async def start() -> asyncio.Task[T]:
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(lambda _: done.set())
+            return task
+
+        done = threading.Event()
+        task = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        if not done.wait(timeout):
+            stuck = self._stacks()
+            self.loop.call_soon_threadsafe(task.cancel)
+            done.wait(60)
+            raise TimeoutError(f"the test's coroutine ran past {timeout} s; where the engine loop was:\n{stuck}")
+        return task.result()
+
+    def _stacks(self) -> str:
+        """The loop thread's own stack (a blocking call shows here) and every task's."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        out = ["loop thread:\n" + "".join(traceback.format_stack(frame)) if frame else "loop thread: not running"]
+        for task in asyncio.all_tasks(self.loop):
+            buf = io.StringIO()
+            task.print_stack(limit=8, file=buf)
+            out.append(buf.getvalue())
+        return "\n".join(out)
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

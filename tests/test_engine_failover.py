@@ -151,9 +151,9 @@ def test_a_moved_request_weighs_what_is_left_of_its_budget_on_the_engine_that_ta
                 # this await returns: the balance is read in one await-free moment after every move
                 carried = (await reported).carried
                 owed = [0, 0]
-                for rid, engine in pool._placed.items():
+                for rid, engine in pool.placements.items():
                     owed[engine] += work[rid][1].max_tokens - carried.get(rid, 0)
-                return list(pool._outstanding), owed, set(carried) & set(pool._placed)
+                return list(pool._outstanding), owed, set(carried) & set(pool.placements)
             finally:
                 for task in tasks.values():
                     task.cancel()
@@ -314,10 +314,28 @@ def fast_trainer(tmp_path: Path, model: Path, *, max_num_steps: int) -> tuple[An
     return config, engine_config
 
 
-async def holds_tokens(pool: EnginePool, engine: int) -> None:
-    """Until a request on ``engine`` has delivered 4 tokens to the pool (a kill then moves a prefix)."""
-    while not any(n >= 4 for n in pool.failover.on_engine(engine).values()):  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
+def _holds_tokens(pool: EnginePool, engine: int) -> bool:
+    return any(n >= 4 for n in pool.failover.on_engine(engine).values())
+
+
+async def kill_holding_tokens(pool: EnginePool, engine: int) -> None:
+    """Kill ``engine``'s Ray actor while one of its unfinished requests has delivered 4 tokens to the pool.
+
+    The engine is frozen first (its own pause, as a hung engine's would be), so no request can
+    finish between the check and the kill landing: under CI's load a 96-token request once did,
+    leaving the failover nothing to carry.
+    """
+    ray = pytest.importorskip("ray")
+    remote = pool.engines[engine]
+    while True:
+        while not _holds_tokens(pool, engine):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        await remote.pause_and_capture()
+        await asyncio.sleep(0.2)  # the deltas of the engine's last step reach the pool
+        if _holds_tokens(pool, engine):
+            ray.kill(remote.actor)  # type: ignore[attr-defined]
+            return
+        await remote.resume()
 
 
 @pytest.mark.engine
@@ -338,8 +356,7 @@ def test_a_trainer_run_that_loses_one_of_three_engines_finishes_with_nothing_los
             pool = await EnginePool.ray(engine_config, 3)
             run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
             try:
-                await asyncio.wait_for(holds_tokens(pool, victim), timeout=600)
-                ray.kill(pool.engines[victim].actor)  # type: ignore[attr-defined]
+                await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
                 return await run
             finally:
                 await pool.shutdown()
@@ -378,8 +395,7 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
             run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
             try:
                 for victim in (1, 0):
-                    await asyncio.wait_for(holds_tokens(pool, victim), timeout=600)
-                    ray.kill(pool.engines[victim].actor)  # type: ignore[attr-defined]
+                    await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
                 with pytest.raises(NoEngineLeftError) as caught:
                     await run
                 return caught.value

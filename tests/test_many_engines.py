@@ -72,29 +72,30 @@ class _TimedRemote(RemoteEngine):
 
 
 async def _run_with_cut(pool: EnginePool, work: Work) -> tuple[dict[str, SampleRecord], Cut]:
-    """Submit ``work``, cut once tokens are out, let it finish in place: the uninterrupted run and the cut."""
+    """Submit ``work``, cut once 8 tokens a request are out, let it finish: the uninterrupted run and the cut."""
+    before = (await pool.progress()).tokens_received  # the engines may have run other work
     tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
-    while (await pool.progress()).tokens_received < 8 * len(work):  # noqa: ASYNC110
+    while (await pool.progress()).tokens_received < before + 8 * len(work):  # noqa: ASYNC110
         await asyncio.sleep(0.02)
     cut = await pool.pause_and_capture()
     await pool.resume()
     return {rid: await t for rid, t in tasks.items()}, cut
 
 
-async def _resume(pool: EnginePool, work: Work, cut: Cut) -> tuple[dict[str, SampleRecord], Cut, dict[str, Any]]:
+async def _resume(
+    pool: EnginePool, work: Work, cut: Cut
+) -> tuple[dict[str, SampleRecord], dict[str, int], dict[str, Any]]:
     """Continue every sample of ``cut`` on ``pool``; then the same work from scratch, staggered (noise floor).
 
-    Also cuts once right after every restored request reached an engine: that cut's engine hints
-    are where the pool placed them.
+    Also returns the engine the pool placed each restored request on: every ``generate`` places its
+    request before its first await, so one turn of the loop after submitting them all.
     """
     resumed = {
         rid: asyncio.ensure_future(pool.generate(rid, *work[rid], index=0, resume_from=cut.samples[rid]))
         for rid in work
     }
-    while len((await pool.progress()).live_tokens) < len(work):  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
-    placed = await pool.pause_and_capture()
-    await pool.resume()
+    await asyncio.sleep(0)
+    placed = pool.placements
     done = {rid: await t for rid, t in resumed.items()}
     scratch = {}
     for rid in reversed(work):
@@ -125,12 +126,12 @@ def _compare(work: Work, ref: dict[str, SampleRecord], cut: Cut, resumed: dict, 
     assert same >= floor_same
 
 
-def _placement_balanced(work: Work, cut: Cut, placed: Cut, num_engines: int) -> None:
+def _placement_balanced(work: Work, cut: Cut, placed: dict[str, int], num_engines: int) -> None:
     """Every restored request was placed, and by tokens still to generate, not by request count."""
-    assert set(placed.engines) == set(work)
+    assert set(placed) == set(work)
     load = [0] * num_engines
     for rid in work:
-        load[placed.engines[rid]] += cut.samples[rid].remaining_tokens
+        load[placed[rid]] += cut.samples[rid].remaining_tokens
     largest = max(cut.samples[rid].remaining_tokens for rid in work)
     print(f"tokens still to generate per engine after the resume: {load}")
     assert max(load) - min(load) <= largest

@@ -146,6 +146,11 @@ class EnginePool:
         self.failover = failover.Tracker()
         """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
+    @property
+    def placements(self) -> dict[str, int]:
+        """Which engine each running request is on: set when the request is placed, before its first await."""
+        return dict(self._placed)
+
     @classmethod
     async def local(cls, config: EngineConfig, **options: Any) -> EnginePool:
         """One engine in this process; ``options`` as :meth:`ResumableEngine.start` takes them."""
