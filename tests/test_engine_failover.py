@@ -1,6 +1,7 @@
 """An engine that dies mid-run loses no tokens: its requests continue on the engines left.
 
-The engine tests kill real Ray actors (``ray.kill``) under real vLLM engines on the tiny Llama:
+The engine tests kill real Ray actors (``ray.kill``; the trainer tests SIGKILL the actor's processes)
+under real vLLM engines on the tiny Llama:
 one of two, after which the engine that takes its requests counts only what is left of their
 budgets; one of three while requests are in flight (every request finishes, none is lost or
 duplicated, and no token the pool had received is generated again), a second one right before a cut
@@ -11,7 +12,9 @@ what was received).
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -319,23 +322,35 @@ def _holds_tokens(pool: EnginePool, engine: int) -> bool:
 
 
 async def kill_holding_tokens(pool: EnginePool, engine: int) -> None:
-    """Kill ``engine``'s Ray actor while one of its unfinished requests has delivered 4 tokens to the pool.
+    """SIGKILL ``engine``'s actor while one of its unfinished requests has delivered 4 tokens to the pool.
 
-    The engine is frozen first (its own pause, as a hung engine's would be), so no request can
-    finish between the check and the kill landing: under CI's load a 96-token request once did,
-    leaving the failover nothing to carry.
+    Its processes are stopped first (SIGSTOP, as a hung host's would be), so no request can finish
+    between the check and the kill: under CI's load a 96-token request once did, leaving the
+    failover nothing to carry. Stopped, the engine answers nothing, so the trainer's calls to it wait
+    as they would on a hung engine (an engine-level pause would make its weight updates fail).
     """
-    ray = pytest.importorskip("ray")
-    remote = pool.engines[engine]
+
+    def process_tree(_: Any) -> list[int]:  # runs in the actor: its process and its descendants (vLLM's engine core)
+        tree, i = [os.getpid()], 0
+        while i < len(tree):
+            for task in Path(f"/proc/{tree[i]}/task").iterdir():
+                tree += [int(c) for c in (task / "children").read_text().split()]
+            i += 1
+        return tree
+
+    tree = await pool.engines[engine].actor.__ray_call__.remote(process_tree)  # type: ignore[attr-defined]
     while True:
         while not _holds_tokens(pool, engine):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
-        await remote.pause_and_capture()
-        await asyncio.sleep(0.2)  # the deltas of the engine's last step reach the pool
+        for pid in tree:
+            os.kill(pid, signal.SIGSTOP)
+        await asyncio.sleep(0.2)  # the deltas the engine sent before it stopped reach the pool
         if _holds_tokens(pool, engine):
-            ray.kill(remote.actor)  # type: ignore[attr-defined]
+            for pid in tree:
+                os.kill(pid, signal.SIGKILL)
             return
-        await remote.resume()
+        for pid in tree:
+            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.engine
