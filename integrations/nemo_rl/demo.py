@@ -8,17 +8,18 @@ the end, and audits the work ledger's ``events.jsonl``. With the flag off the le
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import random
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import audit
-from partial_rollout_integrations.nemo_rl.kill_resume import KillPlan, kill_and_resume
+from partial_rollout_integrations.kill_resume import KillPlan, kill_and_resume, side_by_side
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = Path(__file__).resolve().parent / "configs" / "grpo_tiny_cpu.yaml"
@@ -95,8 +96,12 @@ def run_side(
         f"++checkpointing.partial_rollouts.events_path={events}",
         *overrides,
     ]
-    plan = KillPlan.draw(seed, holding="prefix_tokens" if enabled else "samples_unfinished")
-    run = kill_and_resume(command, env=nemo.env(), cwd=out, events=events, plan=plan, timeout_s=timeout_s)
+    # a checkpoint that holds work: prefixes to continue (on), or the work NeMo RL's checkpoint leaves out (off)
+    holding = "prefix_tokens" if enabled else "samples_unfinished"
+    plan = KillPlan(after_events=random.Random(seed).randint(0, 30), holding=holding)
+    run = kill_and_resume(
+        command, events=events, log=out / "nemo_rl.log", plan=plan, env=nemo.env(), cwd=out, timeout_s=timeout_s
+    )
     report = audit(events).to_json()
     report["wall_s"] = round(run.wall_s, 1)
     report["attempts"] = [vars(a) for a in run.attempts]
@@ -108,11 +113,11 @@ def run_side(
 def run_demo(out: Path, *, seed: int = 0, timeout_s: float = 1800.0) -> dict[str, dict[str, Any]]:
     """Both runs, side by side (each starts a Ray cluster of its own), under ``out``."""
     nemo = NemoEnvironment.from_environ()
-    with ThreadPoolExecutor(len(SIDES)) as pool:
-        futures = {
-            name: pool.submit(
+    return side_by_side(
+        {
+            name: functools.partial(
                 run_side, nemo, out / f"partial_rollouts_{name}", enabled=enabled, seed=seed, timeout_s=timeout_s
             )
             for name, enabled in SIDES.items()
         }
-        return {name: f.result() for name, f in futures.items()}
+    )

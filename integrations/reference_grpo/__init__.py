@@ -7,7 +7,7 @@ Run it with ``partial-rollout train CONFIG [key=value ...] [--resume]`` or
 Modules: ``config`` (YAML + overrides -> checked dataclasses), ``task`` (the toy task),
 ``grpo`` (advantages, clipped surrogate), ``policy`` (the torch model and its files),
 ``checkpoint`` (``step_N.tmp`` -> ``step_N``), ``controller`` (the pumps, save, resume),
-``kill_resume`` (SIGKILL and resume a trainer process).
+``kill_resume`` (its command lines and kill plans for the shared kill-and-resume harness).
 
 The names below load on first use, so the ``partial-rollout`` command can register ``train``
 without importing torch.

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import random
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
     from partial_rollout.ledger import EVENTS_FILENAME, audit
     from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout_integrations.kill_resume import side_by_side
     from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
-    from partial_rollout_integrations.reference_grpo.kill_resume import KillPlan, kill_and_resume
+    from partial_rollout_integrations.reference_grpo.kill_resume import draw_plan, kill_and_resume
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path, base)
     print(f"tiny model: {build_tiny_model(TinyModelSpec(arch='llama'))}")
     steps = config.grpo.max_num_steps
-    plan = KillPlan.draw(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
-    print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.after_save_step}, then resume")
+    plan = draw_plan(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
+    print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.save_step}, then resume")
     bars = {
         name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
         for i, (name, _) in enumerate(RUNS)
@@ -108,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
         _plot(report, run_dir / "reward.png", title=f"partial rollouts {name}")
         return report
 
-    # The two runs go side by side: each trainer spends much of its time starting vLLM or waiting on a long sample.
-    with ThreadPoolExecutor(len(RUNS)) as pool:
-        futures = {name: pool.submit(train_killed_resumed, name, enabled) for name, enabled in RUNS}
-        results = {name: f.result() for name, f in futures.items()}
+    results = side_by_side({name: functools.partial(train_killed_resumed, name, enabled) for name, enabled in RUNS})
     for bar in bars.values():
         bar.close()
     (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plan": vars(plan), **results}, indent=2))
