@@ -275,7 +275,10 @@ class GRPOLoop:
             num_buckets=self.config.data.num_buckets,
             reward_tokens=self.config.data.reward_tokens,
         )
-        self.ledger.finish(group.group_id, dataclasses.replace(record, reward=score), prefix_tokens=prefix)
+        # settled once by _generate: a group ready here could be consumed before _generate resumes
+        self.ledger.finish(
+            group.group_id, dataclasses.replace(record, reward=score), prefix_tokens=prefix, settle=False
+        )
 
     # ---------------------------------------------------------------- train pump
 
