@@ -39,8 +39,8 @@ class KillPlan:
 
     after_events: int
     """Events to let pass after the matching save (0: kill right after it)."""
-    save_step: int | None = None
-    """Only the save of this training step matches (None: any step)."""
+    from_step: int = 0
+    """Only saves of this training step or later match."""
     holding: str | None = None
     """Only a save whose event field of this name is > 0 matches (None: any save). A checkpoint with
     nothing in flight proves nothing: ``prefix_tokens`` waits for one holding prefixes to continue."""
@@ -52,7 +52,7 @@ class KillPlan:
     def matches(self, event: Mapping[str, Any]) -> bool:
         return (
             event["event"] == EventKind.SAVE
-            and (self.save_step is None or event.get("step") == self.save_step)
+            and event.get("step", 0) >= self.from_step
             and (self.holding is None or event.get(self.holding, 0) > 0)
         )
 

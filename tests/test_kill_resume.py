@@ -69,7 +69,7 @@ def test_a_killed_run_resumes_with_the_resume_command_and_a_failed_resume_names_
     script, events, log = tmp_path / "child.py", tmp_path / "events.jsonl", tmp_path / "child.log"
     script.write_text(CHILD)
     command = [sys.executable, str(script), str(events)]
-    plan = KillPlan(after_events=0, save_step=2)
+    plan = KillPlan(after_events=0, from_step=2)
     run = kill_and_resume(command, resume_command=[sys.executable, "-c", "pass"], events=events, log=log, plan=plan)
     assert [(a.resume, a.killed, a.returncode) for a in run.attempts] == [(False, True, -9), (True, False, 0)]
     assert run.plan == plan and run.wall_s > 0
@@ -82,8 +82,9 @@ def test_a_killed_run_resumes_with_the_resume_command_and_a_failed_resume_names_
 def test_a_plan_counts_events_so_it_cannot_be_negative() -> None:
     with pytest.raises(ValueError, match="KillPlan.after_events: is -1"):
         KillPlan(after_events=-1)
-    assert KillPlan(after_events=0, save_step=4).matches({"event": "save", "step": 4})
-    assert not KillPlan(after_events=0, save_step=4).matches({"event": "save", "step": 2})
+    assert KillPlan(after_events=0, from_step=4).matches({"event": "save", "step": 4})
+    assert KillPlan(after_events=0, from_step=4).matches({"event": "save", "step": 6})
+    assert not KillPlan(after_events=0, from_step=4).matches({"event": "save", "step": 2})
     assert not KillPlan(after_events=0).matches({"event": "log", "step": 4})
 
 

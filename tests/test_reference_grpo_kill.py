@@ -18,7 +18,7 @@ import pytest
 
 from partial_rollout.ledger import EVENTS_FILENAME, AuditReport, audit, effective_timeline, read_events, request_id
 from partial_rollout.snapshot import Snapshot, load_snapshot
-from partial_rollout_integrations.kill_resume import KillResumeRun
+from partial_rollout_integrations.kill_resume import KillPlan, KillResumeRun
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
 from partial_rollout_integrations.reference_grpo.controller import ENGINE_PROGRESS, WEIGHT_UPDATE
 from partial_rollout_integrations.reference_grpo.kill_resume import draw_plan, kill_and_resume
@@ -29,16 +29,26 @@ FAST = CONFIG_DIR / "fast.yaml"
 CFG = load_config(FAST)
 
 
+def _plan(seed: int) -> KillPlan:
+    """Kill after a save that holds prefixes: the resumed run must continue some (``tokens_continued > 0``)."""
+    return draw_plan(
+        random.Random(seed),
+        save_period=CFG.checkpointing.save_period,
+        max_num_steps=CFG.grpo.max_num_steps,
+        holding="prefix_tokens",
+    )
+
+
 SCENARIOS = {
     # name: (partial rollouts on, kill plan, extra overrides)
     "on_1": (
         True,
-        draw_plan(random.Random(11), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps),
+        _plan(11),
         (),
     ),
     "on_2": (
         True,
-        draw_plan(random.Random(12), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps),
+        _plan(12),
         (),
     ),
     # One group in flight at a time and no staleness eviction make the trained order a function of the seed.
@@ -49,7 +59,7 @@ SCENARIOS = {
     ),
     "serial_killed": (
         True,
-        draw_plan(random.Random(13), save_period=CFG.checkpointing.save_period, max_num_steps=CFG.grpo.max_num_steps),
+        _plan(13),
         ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64"),
     ),
 }
@@ -159,7 +169,7 @@ def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(ru
     assert report.complete and report.lost == 0 and report.duplicated == 0, report.lost_ids + report.duplicated_ids
     assert report.trained == CFG.grpo.max_num_steps * CFG.grpo.num_prompts_per_step
     (resume,) = report.resumes
-    assert resume["step"] >= plan.save_step
+    assert resume["step"] >= plan.from_step
     assert resume["saved_by_state"] == resume["outstanding_at_save_by_state"]  # the whole cut was saved
     # Saved prefixes are continued, never counted twice.
     assert 0 < report.tokens_continued <= resume["prefix_tokens_at_save"]

@@ -1,7 +1,7 @@
 """The reference trainer under the kill-and-resume harness (:mod:`partial_rollout_integrations.kill_resume`).
 
 Its command lines (a first run, then ``--resume`` from the latest complete checkpoint) and its kill
-plans: a random save that leaves training to do after it, and a random number of events after it.
+plans: the first save holding work from a random step, and a random number of events after it.
 """
 
 from __future__ import annotations
@@ -29,10 +29,17 @@ def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *,
     ]
 
 
-def draw_plan(rng: random.Random, *, save_period: int, max_num_steps: int, max_events: int = 40) -> KillPlan:
-    """A random save that leaves at least two save periods of training, and a random number of events after it."""
+def draw_plan(
+    rng: random.Random, *, save_period: int, max_num_steps: int, holding: str, max_events: int = 40
+) -> KillPlan:
+    """The first save holding work (``holding`` > 0) from a random step that leaves at least two save
+    periods of training, and a random number of events after it.
+
+    A save with nothing of that kind in flight would prove nothing, and whether the drawn step's
+    save holds any depends on the machine's speed: one CI run's step-8 save held no prefix.
+    """
     saves = list(range(save_period, max_num_steps - save_period, save_period)) or [save_period]
-    return KillPlan(save_step=rng.choice(saves), after_events=rng.randint(0, max_events))
+    return KillPlan(from_step=rng.choice(saves), holding=holding, after_events=rng.randint(0, max_events))
 
 
 def kill_and_resume(

@@ -2,8 +2,9 @@
 
 For each setting of ``checkpointing.partial_rollouts.enabled`` the reference async GRPO trainer
 (``integrations/reference_grpo``, config ``configs/demo.yaml``) trains the tiny model in a child
-process, is killed with SIGKILL at a random moment after a save, and is resumed from its latest
-checkpoint to the end. Both runs use the same seed and the same kill plan, and run side by side. Then the demo audits
+process, is killed with SIGKILL at a random moment after a save that holds work, and is resumed from its
+latest checkpoint to the end. Both runs use the same seed and the same drawn step and event count for the kill,
+and run side by side. Then the demo audits
 each run from its ``events.jsonl`` alone and prints them side by side: prompts yielded, trained,
 evicted on purpose, lost, duplicated, stranded (restored in flight but never finished); whether
 the resumed loader yielded what the killed one did; what was in flight at the save; tokens
@@ -76,8 +77,19 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path, base)
     print(f"tiny model: {build_tiny_model(TinyModelSpec(arch='llama'))}")
     steps = config.grpo.max_num_steps
-    plan = draw_plan(random.Random(args.seed), save_period=config.checkpointing.save_period, max_num_steps=steps)
-    print(f"kill plan: SIGKILL {plan.after_events} events after the save at step {plan.save_step}, then resume")
+    # One drawn step and event count for both runs; each is killed after its first save from that step that holds
+    # work: prefixes to continue (on), or unfinished samples, which a save with partial rollouts off leaves out.
+    plan = draw_plan(
+        random.Random(args.seed),
+        save_period=config.checkpointing.save_period,
+        max_num_steps=steps,
+        holding="prefix_tokens",
+    )
+    plans = {True: plan, False: dataclasses.replace(plan, holding="samples_unfinished")}
+    print(
+        f"kill plan: SIGKILL {plan.after_events} events after the first save from step {plan.from_step}"
+        " that holds work, then resume"
+    )
     bars = {
         name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
         for i, (name, _) in enumerate(RUNS)
@@ -100,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
 
         attempts = kill_and_resume(
-            config_path, overrides, log_dir=run_dir, plan=plan, on_step=on_step, timeout_s=CHILD_TIMEOUT_S
+            config_path, overrides, log_dir=run_dir, plan=plans[enabled], on_step=on_step, timeout_s=CHILD_TIMEOUT_S
         )
         report = audit(run_dir / EVENTS_FILENAME).to_json()
         report["wall_s"] = round(attempts.wall_s, 1)
@@ -112,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     results = side_by_side({name: functools.partial(train_killed_resumed, name, enabled) for name, enabled in RUNS})
     for bar in bars.values():
         bar.close()
-    (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plan": vars(plan), **results}, indent=2))
+    kill_plans = {name: vars(plans[on]) for name, on in RUNS}
+    (out / "audit.json").write_text(json.dumps({"seed": args.seed, "kill_plans": kill_plans, **results}, indent=2))
     print(format_table(results))
     print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")
     return 0 if verdict(results["on"]) is None else 1
