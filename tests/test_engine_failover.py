@@ -15,6 +15,7 @@ import asyncio
 import os
 import random
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -353,32 +354,48 @@ async def kill_holding_tokens(pool: EnginePool, engine: int) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
+def train_killing(
+    loop_thread, config: Any, engine_config: EngineConfig, *, num_engines: int, victims: Sequence[int]
+) -> dict[str, Any] | NoEngineLeftError:
+    """The reference trainer on ``num_engines`` Ray engines, ``victims`` killed in turn once each holds tokens.
+
+    Returns the run's summary, or the :class:`NoEngineLeftError` it stopped with.
+    """
+    ray = pytest.importorskip("ray")
+    from partial_rollout_integrations.reference_grpo import run_training
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
+    try:
+
+        async def train() -> dict[str, Any] | NoEngineLeftError:
+            pool = await EnginePool.ray(engine_config, num_engines)
+            run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
+            try:
+                for victim in victims:
+                    await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
+                try:
+                    summary: dict[str, Any] = await run
+                except NoEngineLeftError as error:
+                    return error
+                return summary
+            finally:
+                await pool.shutdown()
+
+        return loop_thread.run(train())
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.engine
 @pytest.mark.ray
 def test_a_trainer_run_that_loses_one_of_three_engines_finishes_with_nothing_lost(
     loop_thread, tiny_llama: Path, tmp_path: Path
 ) -> None:
     """Three Ray engines, one killed once its requests hold tokens: the run reaches its last step, loses nothing."""
-    ray = pytest.importorskip("ray")
-    from partial_rollout_integrations.reference_grpo import run_training
-
     config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=6)
     victim = 1
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
-    try:
-
-        async def train() -> dict[str, Any]:
-            pool = await EnginePool.ray(engine_config, 3)
-            run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
-            try:
-                await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
-                return await run
-            finally:
-                await pool.shutdown()
-
-        summary = loop_thread.run(train())
-    finally:
-        ray.shutdown()
+    summary = train_killing(loop_thread, config, engine_config, num_engines=3, victims=[victim])
+    assert isinstance(summary, dict), summary
 
     events_path = tmp_path / "logs" / "events.jsonl"
     (failover,) = [e for e in read_events(events_path) if e.get("kind") == ENGINE_FAILOVER]
@@ -395,31 +412,13 @@ def test_a_trainer_run_that_loses_one_of_three_engines_finishes_with_nothing_los
 def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left_then_resumes_it(
     loop_thread, tiny_llama: Path, tmp_path: Path
 ) -> None:
-    ray = pytest.importorskip("ray")
     from partial_rollout.snapshot import load_snapshot
     from partial_rollout_integrations.reference_grpo import run_training
 
     # max_num_steps: the run cannot end before both engines are killed
     config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=200)
-
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
-    try:
-
-        async def train() -> BaseException:
-            pool = await EnginePool.ray(engine_config, 2)
-            run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
-            try:
-                for victim in (1, 0):
-                    await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
-                with pytest.raises(NoEngineLeftError) as caught:
-                    await run
-                return caught.value
-            finally:
-                await pool.shutdown()
-
-        error = loop_thread.run(train())
-    finally:
-        ray.shutdown()
+    error = train_killing(loop_thread, config, engine_config, num_engines=2, victims=[1, 0])
+    assert isinstance(error, NoEngineLeftError), error
 
     events = list(read_events(tmp_path / "logs" / "events.jsonl"))
     failovers = [e for e in events if e.get("kind") == ENGINE_FAILOVER]
