@@ -35,12 +35,22 @@ _interrupted = threading.Event()
 
 @dataclass(kw_only=True, frozen=True)
 class KillPlan:
-    """Kill once ``after_events`` more events follow the first ``save`` event that matches."""
+    """Kill once ``after_events`` more events follow the first ``save`` event that matches, or at the
+    first step trained after the saved one if it comes first, so that the run resumes from that save
+    (for a save period of 2 steps or more).
+
+    Counting on past the next step would let the run reach its next save, which may hold nothing,
+    or its end: a CI run killed 35 events after its step-10 save had already saved its last step,
+    so its resume had nothing left to continue.
+    """
 
     after_events: int
     """Events to let pass after the matching save (0: kill right after it)."""
     from_step: int = 0
     """Only saves of this training step or later match."""
+    before_step: int | None = None
+    """Only saves before this training step match (None: no bound). Give the run's last step: a
+    resume from its save has nothing left to train."""
     holding: str | None = None
     """Only a save whose event field of this name is > 0 matches (None: any save). A checkpoint with
     nothing in flight proves nothing: ``prefix_tokens`` waits for one holding prefixes to continue."""
@@ -50,9 +60,11 @@ class KillPlan:
             raise ValueError(f"KillPlan.after_events: is {self.after_events}; it counts events, so it must be >= 0")
 
     def matches(self, event: Mapping[str, Any]) -> bool:
+        step = event.get("step", 0)
         return (
             event["event"] == EventKind.SAVE
-            and event.get("step", 0) >= self.from_step
+            and step >= self.from_step
+            and (self.before_step is None or step < self.before_step)
             and (self.holding is None or event.get(self.holding, 0) > 0)
         )
 
@@ -130,13 +142,14 @@ def run_child(
     started = time.perf_counter()
     seen = len(list(read_events(events))) if events.exists() else 0
     after_save: int | None = None
+    saved_step = 0
     killed = False
     with open(log, "ab") as out:
         child = subprocess.Popen(
             list(command), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            while child.poll() is None:
+            while child.poll() is None and not killed:
                 time.sleep(POLL_S)
                 if _interrupted.is_set():
                     raise KeyboardInterrupt(f"{command[0]}: interrupted; its session was killed")
@@ -145,15 +158,22 @@ def run_child(
                 new = list(read_events(events))[seen:] if events.exists() else []
                 seen += len(new)
                 for event in new:
-                    if after_save is not None:
-                        after_save += 1
-                    elif plan is not None and plan.matches(event):
-                        after_save = 0
-                    if on_step and event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP:
+                    if killed:
+                        break  # what the child wrote after the kill point is not seen
+                    trained = event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP
+                    if on_step and trained:
                         on_step(event["step"])
-                if plan is not None and after_save is not None and after_save >= plan.after_events:
-                    killed = True
-                    break
+                    if plan is None:
+                        continue
+                    if after_save is None:
+                        if plan.matches(event):
+                            after_save, saved_step = 0, event.get("step", 0)
+                            killed = plan.after_events == 0
+                    else:
+                        after_save += 1
+                        # NeMo RL logs a step after its save, the reference trainer before: either way
+                        # the next save comes after the first step logged past the saved one
+                        killed = after_save >= plan.after_events or (trained and event["step"] > saved_step)
         finally:
             kill_session(child.pid)
             child.wait()

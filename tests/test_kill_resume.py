@@ -29,9 +29,12 @@ CHILD = textwrap.dedent(
     log = EventLog(sys.argv[1])
     log.append(EventKind.SAVE, step=1, prefix_tokens=0)  # holds nothing: does not match
     log.append(EventKind.SAVE, step=2, prefix_tokens=5)
+    log.append(EventKind.LOG, kind="train_step", step=2)  # logged after its save, as NeMo RL does
     for step in range(3, 100_000):
+        for sample in range(4):  # four events, then a trained step
+            log.append(EventKind.FINISH, prompt="p", sample=sample)
+            time.sleep(0.01)
         log.append(EventKind.LOG, kind="train_step", step=step)
-        time.sleep(0.01)
     """
 )
 
@@ -44,9 +47,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.parametrize(("after_events", "steps_seen"), [(3, [2]), (12, [2, 3])])
 def test_the_kill_lands_the_planned_number_of_events_after_the_matching_save_and_takes_the_whole_session(
-    tmp_path: Path,
+    tmp_path: Path, after_events: int, steps_seen: list[int]
 ) -> None:
+    """3 events: before step 3; 12: at step 3 (the 6th event), the first step past the saved one, so that
+    the resume is from that save."""
     script, events, log = tmp_path / "child.py", tmp_path / "events.jsonl", tmp_path / "child.log"
     script.write_text(CHILD)
     steps: list[int] = []
@@ -54,13 +60,12 @@ def test_the_kill_lands_the_planned_number_of_events_after_the_matching_save_and
         [sys.executable, str(script), str(events)],
         events=events,
         log=log,
-        plan=KillPlan(after_events=3, holding="prefix_tokens"),
+        plan=KillPlan(after_events=after_events, holding="prefix_tokens"),
         on_step=steps.append,
         timeout_s=120,
     )
     assert attempt.killed and attempt.returncode == -9 and not attempt.resume
-    # the child was killed once 3 events followed the step-2 save: it never wrote a 6th step
-    assert steps[:3] == [3, 4, 5] and len(steps) < 10, steps
+    assert steps == steps_seen
     grandchild = int(log.read_text().split()[0])
     assert not _alive(grandchild), "a process the child started survived the kill"
 
@@ -86,6 +91,8 @@ def test_a_plan_counts_events_so_it_cannot_be_negative() -> None:
     assert KillPlan(after_events=0, from_step=4).matches({"event": "save", "step": 6})
     assert not KillPlan(after_events=0, from_step=4).matches({"event": "save", "step": 2})
     assert not KillPlan(after_events=0).matches({"event": "log", "step": 4})
+    assert KillPlan(after_events=0, before_step=12).matches({"event": "save", "step": 10})
+    assert not KillPlan(after_events=0, before_step=12).matches({"event": "save", "step": 12})
 
 
 def test_environment_and_folder_reach_the_child(tmp_path: Path) -> None:

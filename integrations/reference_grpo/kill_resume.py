@@ -33,13 +33,18 @@ def draw_plan(
     rng: random.Random, *, save_period: int, max_num_steps: int, holding: str, max_events: int = 40
 ) -> KillPlan:
     """The first save holding work (``holding`` > 0) from a random step that leaves at least two save
-    periods of training, and a random number of events after it.
+    periods of training, before the last step's save, and a random number of events after it.
 
     A save with nothing of that kind in flight would prove nothing, and whether the drawn step's
     save holds any depends on the machine's speed: one CI run's step-8 save held no prefix.
     """
     saves = list(range(save_period, max_num_steps - save_period, save_period)) or [save_period]
-    return KillPlan(from_step=rng.choice(saves), holding=holding, after_events=rng.randint(0, max_events))
+    return KillPlan(
+        from_step=rng.choice(saves),
+        before_step=max_num_steps,
+        holding=holding,
+        after_events=rng.randint(0, max_events),
+    )
 
 
 def kill_and_resume(

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     plans = {True: plan, False: dataclasses.replace(plan, holding="samples_unfinished")}
     print(
         f"kill plan: SIGKILL {plan.after_events} events after the first save from step {plan.from_step}"
-        " that holds work, then resume"
+        " that holds work (or at the next step if sooner), then resume"
     )
     bars = {
         name: tqdm(total=steps, desc=f"partial rollouts {name:>3}", unit="step", position=i)
