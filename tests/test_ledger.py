@@ -478,10 +478,12 @@ def test_a_failed_write_names_the_previous_save_again_and_the_next_one_works(tmp
         ledger.cut(second, trainer_step=8, policy_version=8, fingerprints=FP, loader_state=None)
 
 
-def resumed_log(tmp_path: Path, *, finish_after_resume: bool, redo: list[str], running: tuple[str, ...] = ()) -> Path:
-    """p1 yields a, b; dispatches b with two samples, one finished; saves; yields c, d and dies.
-    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to, ends with the
-    engine still generating the requests ``running``."""
+def resumed_log(
+    tmp_path: Path, *, finish_after_resume: bool, redo: list[str], running: tuple[str, ...] = (), end_step: int = 2
+) -> Path:
+    """p1 yields a, b; dispatches b with two samples, one finished; saves at step 1; yields c, d and dies.
+    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to, ends at ``end_step``
+    with the engine still generating the requests ``running``."""
     path = tmp_path / "events.jsonl"
     folder = tmp_path / "step_1"
     folder.mkdir(parents=True)
@@ -504,7 +506,7 @@ def resumed_log(tmp_path: Path, *, finish_after_resume: bool, redo: list[str], r
     if finish_after_resume:
         p2.finish("b", finished(1, n=6), prefix_tokens=4)
         p2.consume(["b"], step=2)
-    p2.record_end(step=2, running=running)
+    p2.record_end(step=end_step, running=running)
     return path
 
 
@@ -548,6 +550,15 @@ def test_audit_a_continuation_the_last_step_cut_short_is_not_stranded(tmp_path: 
     path.write_text(path.read_text().replace('"in_flight":{"b":[1]}', '"in_flight":{"b":"1"}'))
     with pytest.raises(AuditError, match="'in_flight' must map prompt ids to lists of sample indices"):
         audit(path)
+
+
+def test_audit_a_run_resumed_from_its_last_steps_checkpoint_strands_nothing(tmp_path: Path) -> None:
+    """A CI kill landed after the run's last save; the resumed run had nothing left to train, so it
+    ended at once without continuing b, and the audit called b stranded. Ending at the saved step is
+    what tells this resume apart from one that dropped b and trained on (the ``bad`` log above)."""
+    report = audit(resumed_log(tmp_path, finish_after_resume=False, redo=[], end_step=1))
+    assert report.stranded == 0 and report.clean and report.lost == 0 and report.outstanding_at_end == 1
+    assert report.resumes[0]["restored_in_flight"] == 1
 
 
 def test_audit_checks_the_loader_cursor_against_the_killed_process(tmp_path: Path) -> None:

@@ -5,11 +5,16 @@ remaining steps on shorter groups and ended with that group still generating; th
 stranded. Here the same situation is built on purpose, on the real trainer and engine: a checkpoint
 at step 2 holding two ready groups (enough for the last step, 3) and one group in flight whose
 samples must each generate about 2,000 more tokens, so training ends long before they can.
+
+Then the run is resumed once more, from its last step's checkpoint, as a kill after the last save
+resumes it: nothing is left to train, so nothing is continued, and nothing is stranded either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,8 @@ SAVED_STEP = 2
 MAX_MODEL_LEN = 2048
 LONG = "long"
 """The group restored in flight: each sample holds 8 tokens and must generate about 2,000 more."""
+FIRST_RESUME = "first_resume.jsonl"
+"""The event log as the first resume left it, before the resume from the last step."""
 
 
 def _checkpoint(root: Path, config: Any, fingerprints: Fingerprints) -> None:
@@ -105,9 +112,20 @@ def _model() -> Path:
     return build_tiny_model(TinyModelSpec(arch="llama"))
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The run's folder, and what the trainer logged while resumed from its last step."""
     root = tmp_path_factory.mktemp("end")
+    records = _Records()
     config = load_config(
         CONFIG_DIR / "fast.yaml",
         [
@@ -134,21 +152,28 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         try:
             _checkpoint(root, config, await engine.fingerprints())
             await run_training(config, resume=True, engine=engine, progress=False)
+            shutil.copy(root / EVENTS_FILENAME, root / FIRST_RESUME)
+            trainer_log = logging.getLogger("partial_rollout_integrations.reference_grpo.controller")
+            trainer_log.addHandler(records)
+            try:
+                await run_training(config, resume=True, engine=engine, progress=False)
+            finally:
+                trainer_log.removeHandler(records)
         finally:
             await engine.shutdown()
 
     asyncio.run(train())
-    return root
+    return root, records.messages
 
 
-def test_a_continuation_still_generating_at_the_last_step_is_not_stranded(run: Path) -> None:
-    events = list(read_events(run / EVENTS_FILENAME))
+def test_a_continuation_still_generating_at_the_last_step_is_not_stranded(run: tuple[Path, list[str]]) -> None:
+    events = list(read_events(run[0] / FIRST_RESUME))
     # The situation of the CI failure: restored in flight, no finish after the resume, outstanding at the end.
     resume = next(i for i, e in enumerate(events) if e["event"] == "resume")
     assert not [e for e in events[resume:] if e["event"] == "finish" and e["prompt"] == LONG]
     end = events[-1]
     assert end["event"] == "end" and end["step"] == SAVED_STEP + 1 and LONG in end["outstanding"]
-    report = audit(run / EVENTS_FILENAME)
+    report = audit(run[0] / FIRST_RESUME)
     assert report.complete and report.lost == 0 and report.duplicated == 0
     (row,) = report.resumes
     assert row["restored_in_flight"] == 1 and report.stranded == 0 and report.clean, report.stranded_ids
@@ -158,3 +183,23 @@ def test_a_continuation_still_generating_at_the_last_step_is_not_stranded(run: P
     samples = list(range(len(next(e for e in events if e["event"] == "save")["in_flight"][LONG])))
     assert all(f"{LONG}/{i}" in progress["live_tokens"] for i in samples)
     assert end["in_flight"][LONG] == samples
+
+
+def test_a_run_resumed_from_its_last_steps_checkpoint_ends_at_once_and_strands_nothing(
+    run: tuple[Path, list[str]],
+) -> None:
+    folder, messages = run
+    events = list(read_events(folder / EVENTS_FILENAME))
+    last = max(i for i, e in enumerate(events) if e["event"] == "resume")
+    save = next(e for e in events if e["event"] == "save" and e["save_id"] == events[last]["save_id"])
+    assert save["step"] == SAVED_STEP + 1 and LONG in save["in_flight"]  # the last step's save, LONG still in it
+    # Nothing trained, nothing generated, LONG still outstanding: the user is told why.
+    after = events[last + 1 :]
+    assert [e["event"] for e in after if e["event"] != "log"] == ["end"]
+    assert after[-1]["step"] == SAVED_STEP + 1 and LONG in after[-1]["outstanding"]
+    assert [m for m in messages if "nothing left to train" in m] == [
+        f"step {SAVED_STEP + 1} is grpo.max_num_steps: nothing left to train (raise it to train on)"
+    ]
+    report = audit(folder / EVENTS_FILENAME)
+    assert len(report.resumes) == 2 and report.resumes[-1]["restored_in_flight"] == len(save["in_flight"])
+    assert report.stranded == 0 and report.clean and report.lost == 0 and report.duplicated == 0

@@ -186,9 +186,15 @@ class GRPOLoop:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                for group_id in self.restored_in_flight:
-                    self._spawn(self._generate(group_id))
-                self._spawn(self._rollout_pump())
+                if self.step >= self.config.grpo.max_num_steps:
+                    # A resume from the last step's checkpoint: its work stays saved there, outstanding.
+                    logger.warning(
+                        "step %d is grpo.max_num_steps: nothing left to train (raise it to train on)", self.step
+                    )
+                else:
+                    for group_id in self.restored_in_flight:
+                        self._spawn(self._generate(group_id))
+                    self._spawn(self._rollout_pump())
                 await self._train_pump()
                 progress = await self.engine.progress()
                 for t in list(self._tasks):

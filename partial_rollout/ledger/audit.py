@@ -30,7 +30,8 @@ lost, so these close the ways work could hide there):
   every sample it had unfinished (or be evicted, or regenerated, with a reason) before the run ends
   or before the next save that a later resume uses, unless that save holds it in flight again, or
   the ``end`` event lists every such sample as still generating (training reached its last step
-  first; the run does not wait for work it will not train on). A resume that silently dropped a
+  first; the run does not wait for work it will not train on), or the run ended at the step it
+  resumed from (its last step's checkpoint: nothing left to train them for). A resume that silently dropped a
   continuation leaves it stranded: the engine was not generating it.
 - *cursor*: the prompts a killed process yielded after the save are the prompts the resumed process
   yields after the resume, in the same order (the loader is deterministic from its saved cursor;
@@ -245,7 +246,9 @@ def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | N
         stranded_here: list[str] = []
         if following is not None:
             stranded_here = _stranded(save, segment, saved_again=save_at[following].get("in_flight", {}))
-        elif end is not None:  # else the run may still finish them
+        elif end is not None and end.get("step") != save.get("step"):
+            # else the run may still finish them, or it ended at the step it resumed from (its last
+            # step's checkpoint): it had nothing to train them for
             stranded_here = _stranded(save, segment, running=end.get("in_flight", {}))
         stranded |= set(stranded_here)
         mismatch = _first_difference(
