@@ -32,16 +32,19 @@ def trainer_command(config: str | os.PathLike[str], overrides: Sequence[str], *,
 def draw_plan(
     rng: random.Random, *, save_period: int, max_num_steps: int, holding: str, max_events: int = 40
 ) -> KillPlan:
-    """The first save holding work (``holding`` > 0) from a random step that leaves at least two save
-    periods of training, before the last step's save, and a random number of events after it.
+    """The first save holding work (``holding`` > 0) from a random step, among those that leave at
+    least two save periods of training, and a random number of events after it.
 
     A save with nothing of that kind in flight would prove nothing, and whether the drawn step's
-    save holds any depends on the machine's speed: one CI run's step-8 save held no prefix.
+    save holds any depends on the machine's speed: one CI run's step-8 save held no prefix. So the
+    drawn step leaves at least two saves to choose from. A resume late in the run could end before
+    its restored groups finish (newer, shorter groups fill the last steps), continuing nothing.
     """
-    saves = list(range(save_period, max_num_steps - save_period, save_period)) or [save_period]
+    last = max_num_steps - 2 * save_period  # the last save a kill may follow
+    saves = list(range(save_period, last, save_period)) or [save_period]
     return KillPlan(
         from_step=rng.choice(saves),
-        before_step=max_num_steps,
+        before_step=max(last + 1, save_period + 1),
         holding=holding,
         after_events=rng.randint(0, max_events),
     )
