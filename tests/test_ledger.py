@@ -378,6 +378,7 @@ def test_event_kinds_are_the_strings_logs_hold(tmp_path: Path) -> None:
         "dispatch",
         "finish",
         "ready",
+        "reopen",
         "consume",
         "evict",
         "regenerate",
@@ -479,11 +480,18 @@ def test_a_failed_write_names_the_previous_save_again_and_the_next_one_works(tmp
 
 
 def resumed_log(
-    tmp_path: Path, *, finish_after_resume: bool, redo: list[str], running: tuple[str, ...] = (), end_step: int = 2
+    tmp_path: Path,
+    *,
+    finish_after_resume: bool,
+    redo: list[str],
+    running: tuple[str, ...] = (),
+    end_step: int = 2,
+    adopt: bool = False,
 ) -> Path:
     """p1 yields a, b; dispatches b with two samples, one finished; saves at step 1; yields c, d and dies.
-    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to, ends at ``end_step``
-    with the engine still generating the requests ``running``."""
+    p2 resumes, yields ``redo`` (the loader's next prompts), finishes b if told to (or ``adopt``s it:
+    the trainer's own checkpoint holds it finished) and trains it, ends at ``end_step`` with the
+    engine still generating the requests ``running``."""
     path = tmp_path / "events.jsonl"
     folder = tmp_path / "step_1"
     folder.mkdir(parents=True)
@@ -505,6 +513,9 @@ def resumed_log(
         p2.yield_group(gid, [0, 1], [SPEC])
     if finish_after_resume:
         p2.finish("b", finished(1, n=6), prefix_tokens=4)
+    if adopt:
+        p2.adopt_ready("b", reason="committed_after_cut")
+    if finish_after_resume or adopt:
         p2.consume(["b"], step=2)
     p2.record_end(step=end_step, running=running)
     return path
@@ -519,6 +530,60 @@ def test_audit_requires_groups_restored_in_flight_to_finish(tmp_path: Path) -> N
     bad = audit(resumed_log(tmp_path / "bad", finish_after_resume=False, redo=["c", "d"]))
     assert bad.lost == 0 and bad.duplicated == 0 and bad.outstanding_at_end == 3
     assert bad.stranded_ids == ["b"] and bad.resumes[0]["stranded_ids"] == ["b"] and not bad.clean
+
+
+def test_audit_a_restored_group_the_trainer_holds_finished_is_not_stranded(tmp_path: Path) -> None:
+    """NeMo RL's checkpoint can hold a group finished that our cut holds in flight: it is trained
+    from there, without a finish event here; the ``ready`` event with its reason says so."""
+    report = audit(resumed_log(tmp_path, finish_after_resume=False, redo=["c", "d"], adopt=True))
+    assert report.stranded == 0 and report.clean and report.trained == 2 and report.tokens_continued == 0
+
+
+def test_a_save_refuses_a_ready_group_with_unfinished_samples_and_keeps_the_last_one(tmp_path: Path) -> None:
+    """The reader refuses such a group, so writing it would leave a checkpoint that cannot be resumed;
+    the Session once made one by setting a restored group's state by hand."""
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    ledger.yield_group("g", [0, 1], [SPEC, SPEC])
+    ledger.dispatch("g", policy_version=1)
+    ledger.save(tmp_path, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
+    kept = (tmp_path / SNAPSHOT_FILENAME).read_bytes()
+    ledger["g"].state = GroupState.READY
+    with pytest.raises(ValueError, match="group 'g': every sample of a ready group must be finished"):
+        ledger.save(tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    assert (tmp_path / SNAPSHOT_FILENAME).read_bytes() == kept
+    assert [e["event"] for e in read_events(tmp_path / "events.jsonl")][-1] == "save_failed"
+
+
+def test_adopted_groups_are_saved_as_their_records_are_and_reopened_ones_settle_again(tmp_path: Path) -> None:
+    ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    for gid in ("pending", "flying", "done"):
+        ledger.yield_group(gid, [0, 1], [SPEC])
+    for gid in ("flying", "done"):
+        ledger.dispatch(gid, policy_version=1)
+    ledger.finish("done", finished(0))
+    for gid in ("pending", "flying"):
+        ledger.adopt_ready(gid, reason="committed_after_cut")
+    assert {g.group_id for g in ledger.groups(GroupState.READY)} == {"pending", "flying", "done"}
+    snapshot = ledger.save(tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    assert [(g.group_id, g.state) for g in snapshot.groups] == [
+        ("pending", GroupState.PENDING),
+        ("flying", GroupState.IN_FLIGHT),
+        ("done", GroupState.READY),
+    ]
+    save = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save")
+    assert save["in_flight"] == {"flying": [0]}
+    assert save["outstanding"] == save["groups"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    ledger.consume(["flying"], step=3)
+    ledger.regenerate("pending", reason="test")  # back to pending: saved as it is again
+    ledger.reopen("done")
+    assert ledger.settle("done")  # its sample is finished: ready again at once
+    with pytest.raises(ValueError, match="'pending' is pending, expected ready"):
+        ledger.reopen("pending")
+    snapshot = ledger.save(tmp_path, trainer_step=3, policy_version=3, fingerprints=FP, loader_state=None)
+    assert [(g.group_id, g.state) for g in snapshot.groups] == [
+        ("pending", GroupState.PENDING),
+        ("done", GroupState.READY),
+    ]
 
 
 def test_audit_an_evicted_or_regenerated_restored_group_is_not_stranded(tmp_path: Path) -> None:

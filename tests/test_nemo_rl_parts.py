@@ -65,3 +65,72 @@ def test_unstorable_field_fails_naming_it() -> None:
         datum.encode({"x": float("nan")}, field="d")
     with pytest.raises(SnapshotError, match=r"d\.t: malformed tensor"):
         datum.decode({"t": {datum.TENSOR_KEY: "int64", "shape": [4], "data": [1, 2]}}, field="d")
+
+
+def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tmp_path) -> None:
+    """NeMo RL reads its replay buffer for a checkpoint some awaits after our cut, so a group that
+    finishes in between is ready in NeMo RL's buffer and in flight in our snapshot. The resume made
+    it ready in the ledger, and the next save wrote it ready with unfinished samples: a checkpoint
+    the reader refuses, so the run could not be resumed a second time."""
+    from snapshot_helpers import fingerprints, sample
+
+    from partial_rollout.ledger import EventLog, WorkLedger, read_events
+    from partial_rollout.snapshot import GroupState, SampleState, load_snapshot
+    from partial_rollout_integrations.nemo_rl.session import (
+        COMMITTED_AFTER_CUT,
+        DATUM_KEY,
+        GROUP_KEY,
+        NEMO_GROUP_KEY,
+        GenerationSettings,
+        Session,
+    )
+
+    fp, spec = fingerprints(), sample(0, SampleState.NOT_STARTED).sampling
+    killed = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
+    killed.record_start()
+    for group_id, nemo_id in (("e0:1", "uuid-a"), ("e0:2", "uuid-b")):
+        data = {NEMO_GROUP_KEY: nemo_id, DATUM_KEY: datum.encode(_datum(), field="d")}
+        killed.yield_group(group_id, [5, 6, 7], [spec, spec], data=data)
+        killed.dispatch(group_id, policy_version=3)
+    for index in (0, 1):
+        killed.finish("e0:2", sample(index, SampleState.FINISHED, 2, sampling=spec, reward=1.0))
+    killed.capture({"e0:1/0": sample(0, SampleState.IN_FLIGHT, 4, sampling=spec)})  # e0:1/1 not submitted yet
+    killed.save(tmp_path / "step_2", trainer_step=2, policy_version=3, fingerprints=fp, loader_state=None)
+    killed.events.close()
+
+    # NeMo RL's checkpoint holds e0:1 finished (committed after our cut) and lacks e0:2 (taken after its read).
+    settings = GenerationSettings(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=64,
+        max_seq_len=128,
+        stop_token_ids=(),
+        stop_strings=(),
+        seed=0,
+    )
+    session = Session(
+        PartialRolloutsConfig(enabled=True),
+        events_path=str(tmp_path / "events.jsonl"),
+        settings=settings,
+        group_size=2,
+        engine=None,
+    )
+    again = session.restore(session.ledger.load(tmp_path / "step_2"), in_nemo_buffer=["uuid-a"])
+    assert [d[GROUP_KEY] for d in again] == ["e0:2"]  # dispatched again: its finished samples return at once
+    assert session.ledger["e0:1"].state is GroupState.READY and session.ledger["e0:2"].state is GroupState.IN_FLIGHT
+
+    # The next save, before NeMo RL trains e0:1: our records of it, in flight with its prefix.
+    session.ledger.save(tmp_path / "step_3", trainer_step=3, policy_version=3, fingerprints=fp, loader_state=None)
+    saved = {g.group_id: g for g in load_snapshot(tmp_path / "step_3").groups}
+    assert {k: g.state for k, g in saved.items()} == {"e0:1": GroupState.IN_FLIGHT, "e0:2": GroupState.IN_FLIGHT}
+    assert [s.state for s in saved["e0:1"].samples] == [SampleState.IN_FLIGHT, SampleState.NOT_STARTED]
+    assert saved["e0:1"].samples[0].num_tokens == 4
+    session.ledger.consume(["e0:1"], step=3)  # NeMo RL trains its copy
+    events = [e for e in read_events(tmp_path / "events.jsonl") if e.get("prompt") in ("e0:1", "e0:2")][-4:]
+    assert [(e["event"], e["prompt"], e.get("reason")) for e in events] == [
+        ("ready", "e0:2", None),
+        ("ready", "e0:1", COMMITTED_AFTER_CUT),
+        ("reopen", "e0:2", None),
+        ("consume", "e0:1", None),
+    ]

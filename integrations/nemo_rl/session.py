@@ -54,6 +54,8 @@ TURNS_REPLAYED = "turns_replayed"
 """Event: a restored sample's turns completed before the cut were served again, not redone."""
 ENV_NOT_SAVED = "environment_state_not_saved"
 """Regeneration reason of a restored group whose environment return had no stored form."""
+COMMITTED_AFTER_CUT = "committed_after_cut"
+"""Ready reason of a restored group NeMo RL's replay buffer holds finished while our cut does not."""
 EPOCH_KEY = "loader_epoch"
 """Snapshot metadata key: the epoch the loader wrapper was in at the cut."""
 
@@ -419,15 +421,13 @@ class Session:
             nemo_id = group.data.get(NEMO_GROUP_KEY)
             if nemo_id in in_buffer:
                 self._nemo_ids[nemo_id] = group.group_id
-                if group.state is not GroupState.READY:
-                    # Finished and committed between the cut and NeMo RL's read of its buffer.
-                    group.state = GroupState.READY
-                    self.ledger.log("committed_after_cut", prompt=group.group_id)
+                # Finished and committed between the cut and NeMo RL's read of its buffer, if not ready here.
+                self.ledger.adopt_ready(group.group_id, reason=COMMITTED_AFTER_CUT)
                 continue
             if not redispatch:
                 continue
             if group.state is GroupState.READY:
-                group.state = GroupState.IN_FLIGHT  # finished here but not in NeMo RL's buffer: commit it again
+                self.ledger.reopen(group.group_id)  # finished here but not in NeMo RL's buffer: commit it again
             if group.state is GroupState.IN_FLIGHT and UNSAVEABLE_KEY in group.data:
                 why = "; ".join(group.data[UNSAVEABLE_KEY].values())
                 self.ledger.regenerate(group.group_id, reason=f"{ENV_NOT_SAVED}: {why}")

@@ -27,11 +27,12 @@ yet: ``complete`` is False and the unaccounted prompts are reported as ``open``.
 lost, so these close the ways work could hide there):
 
 - *stranded*: a group saved in flight and restored by a resume must produce a ``finish`` event for
-  every sample it had unfinished (or be evicted, or regenerated, with a reason) before the run ends
-  or before the next save that a later resume uses, unless that save holds it in flight again, or
-  the ``end`` event lists every such sample as still generating (training reached its last step
-  first; the run does not wait for work it will not train on), or the run ended at the step it
-  resumed from (its last step's checkpoint: nothing left to train them for). A resume that silently dropped a
+  every sample it had unfinished (or be evicted, or regenerated, with a reason, or be ready with a
+  reason: the trainer's own checkpoint holds it finished) before the run ends or before the next
+  save that a later resume uses, unless that save holds it in flight again, or the ``end`` event
+  lists every such sample as still generating (training reached its last step first; the run does
+  not wait for work it will not train on), or the run ended at the step it resumed from (its last
+  step's checkpoint: nothing left to train them for). A resume that silently dropped a
   continuation leaves it stranded: the engine was not generating it.
 - *cursor*: the prompts a killed process yielded after the save are the prompts the resumed process
   yields after the resume, in the same order (the loader is deterministic from its saved cursor;
@@ -333,7 +334,9 @@ def _stranded(
             continue
         if event["event"] == EventKind.FINISH:
             waiting[group].discard(event.get("sample"))
-        elif event["event"] in (EventKind.EVICT, EventKind.REGENERATE):
+        elif event["event"] in (EventKind.EVICT, EventKind.REGENERATE) or (
+            event["event"] == EventKind.READY and "reason" in event
+        ):
             waiting[group].clear()
     return sorted(
         group

@@ -43,7 +43,10 @@ class EventKind(enum.StrEnum):
     FINISH = "finish"
     """One sample finished (``prompt``, ``sample``, ``tokens``, ``prefix_tokens``, ``reward``)."""
     READY = "ready"
-    """Every sample of a group finished (``prompt``)."""
+    """Every sample of a group finished (``prompt``); with a ``reason``, the trainer holds it finished
+    in its own checkpoint (:meth:`~partial_rollout.ledger.WorkLedger.adopt_ready`)."""
+    REOPEN = "reopen"
+    """A ready group went back in flight at a resume: the trainer's own checkpoint lacks it (``prompt``)."""
     CONSUME = "consume"
     """Training step ``step`` consumed a group (``prompt``)."""
     EVICT = "evict"

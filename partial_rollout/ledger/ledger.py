@@ -157,6 +157,8 @@ class WorkLedger:
         """Name of the snapshot file of that checkpoint (``partial_rollouts.safetensors`` in its folder)."""
         self._held: list[tuple[EventKind, bool, dict[str, Any]]] | None = None
         """Events logged between :meth:`cut` and :meth:`record_save`, written after the ``save`` event."""
+        self._ready_elsewhere: dict[str, GroupState] = {}
+        """Groups :meth:`adopt_ready` made ready, with the state their records here are in."""
 
     # ---------------------------------------------------------------- transitions
 
@@ -234,12 +236,38 @@ class WorkLedger:
             self._emit(EventKind.READY, prompt=group_id)
         return group.state is GroupState.READY
 
+    def adopt_ready(self, group_id: str, *, reason: str) -> GroupRecord:
+        """Mark a group ready that the trainer holds finished in its own checkpoint, while this ledger
+        holds it unfinished; the trainer's copy is the one trained.
+
+        NeMo RL reads its replay buffer for its checkpoint some awaits after our cut, so a group that
+        finished in between is in both, finished only in NeMo RL's. Until the group is consumed, a
+        cut saves it as its records here are (pending or in flight): a snapshot keeps no ready group
+        with unfinished samples, and a later resume whose trainer lacks it continues it from there.
+        """
+        group = self._get(group_id)
+        if group.state is not GroupState.READY:
+            self._ready_elsewhere[group_id] = group.state
+            group.state = GroupState.READY
+            self._emit(EventKind.READY, prompt=group_id, reason=reason)
+        return group
+
+    def reopen(self, group_id: str) -> GroupRecord:
+        """Put a ready group back in flight, for a trainer whose own checkpoint lacks it: it is
+        committed again (its finished samples come back at once) and settles anew."""
+        group = self._get(group_id, GroupState.READY)
+        assert group_id not in self._ready_elsewhere, f"{group_id}: its finished copy is the trainer's"
+        group.state = GroupState.IN_FLIGHT
+        self._emit(EventKind.REOPEN, prompt=group_id)
+        return group
+
     def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupRecord]:
         """Record that training step ``step`` consumed these ready groups; they leave the ledger."""
         taken = []
         for group_id in group_ids:
             taken.append(self._get(group_id, GroupState.READY))
             del self._groups[group_id]
+            self._ready_elsewhere.pop(group_id, None)
             self.counters["consumed"] += 1
             self._emit(EventKind.CONSUME, prompt=group_id, step=step)
         return taken
@@ -248,6 +276,7 @@ class WorkLedger:
         """Record that a group was dropped on purpose (e.g. ``too_stale``); it leaves the ledger."""
         group = self._get(group_id)
         del self._groups[group_id]
+        self._ready_elsewhere.pop(group_id, None)
         self.counters["evicted"] += 1
         self.evicted_by_reason[reason] = self.evicted_by_reason.get(reason, 0) + 1
         self._emit(EventKind.EVICT, prompt=group_id, reason=reason, state=group.state.value)
@@ -262,6 +291,7 @@ class WorkLedger:
         ]
         group.state = GroupState.PENDING
         group.dispatch_version = -1
+        self._ready_elsewhere.pop(group_id, None)
         self._emit(EventKind.REGENERATE, prompt=group_id, reason=reason, discarded_tokens=discarded)
         return group
 
@@ -357,12 +387,13 @@ class WorkLedger:
         previous = (self.last_save_id, self.snapshot_file)
         self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
         self.snapshot_file = path.name
-        groups = [_copy_group(g) for g in self._groups.values() if g.state in states]
+        copies = [_copy_group(g, self._ready_elsewhere.get(g.group_id, g.state)) for g in self._groups.values()]
+        groups = [g for g in copies if g.state in states]
         outstanding = {state.value: 0 for state in GroupState}
-        for group in self._groups.values():
+        for group in copies:
             outstanding[group.state.value] += 1
         unfinished = sum(
-            s.state is not SampleState.FINISHED for g in self.groups(GroupState.IN_FLIGHT) for s in g.samples
+            s.state is not SampleState.FINISHED for g in copies if g.state is GroupState.IN_FLIGHT for s in g.samples
         )
         saved_in_flight = [s for g in groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
         event = {
@@ -484,6 +515,7 @@ class WorkLedger:
         self._load_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
         self.snapshot_file = file.name  # the file actually read, should it have been renamed
         self._groups = {g.group_id: g for g in snapshot.groups}
+        self._ready_elsewhere = {}
         return snapshot
 
     def state_dict(self) -> dict[str, Any]:
@@ -512,6 +544,7 @@ class WorkLedger:
         """
         self._load_manifest(state_dict, error=BadInputError, path=None, field="ledger state")
         self._groups = {}
+        self._ready_elsewhere = {}
 
     # ---------------------------------------------------------------- internals
 
@@ -566,9 +599,10 @@ class WorkLedger:
             self.events.append(event, durable=durable, **fields)
 
 
-def _copy_group(group: GroupRecord) -> GroupRecord:
-    """A group whose state and sample list can change without changing the original (records shared)."""
+def _copy_group(group: GroupRecord, state: GroupState) -> GroupRecord:
+    """A group in ``state`` whose state and sample list can change without changing the original (records shared)."""
     twin = copy.copy(group)
+    twin.state = state
     twin.samples = list(group.samples)
     return twin
 

@@ -441,6 +441,15 @@ class GroupRecord:
     """The samples, in index order."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field and the samples' states against the group's (what construction does): a
+        ledger changes a group's state after construction, and the writer checks it again.
+
+        Raises:
+            ValueError: naming the field and the offending value.
+        """
         self.group_id = _text("group_id", self.group_id)
         if not self.group_id:
             raise ValueError("group_id must not be empty")

@@ -38,7 +38,8 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
         The size of the file written, in bytes.
 
     Raises:
-        ValueError: a sample is invalid (records the engine's cut built unchecked are checked here).
+        ValueError: a sample or group is invalid (records the engine's cut built unchecked, and groups
+            whose state a ledger changed, are checked here).
     """
     for group in snapshot.groups:
         for sample in group.samples:
@@ -46,6 +47,10 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
                 sample.validate()
             except ValueError as exc:
                 raise ValueError(f"group {group.group_id!r} sample {sample.index}: {exc}") from None
+        try:
+            group.validate()
+        except ValueError as exc:
+            raise ValueError(f"group {group.group_id!r}: {exc}") from None
     tensors, metadata = encode_snapshot(snapshot)
     with atomic_write(snapshot_path(path)) as tmp:
         return container.write_file(tmp, tensors, metadata)
