@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from partial_rollout.ledger import TRAIN_STEP, EventKind, read_events
+from partial_rollout.ledger import TRAIN_STEP, EventKind, EventTail
 
 T = TypeVar("T")
 
@@ -140,7 +140,7 @@ def run_child(
         TimeoutError: the child ran longer than ``timeout_s`` (its session is killed first).
     """
     started = time.perf_counter()
-    seen = len(list(read_events(events))) if events.exists() else 0
+    tail = EventTail(events)  # what the child appends
     after_save: int | None = None
     saved_step = 0
     killed = False
@@ -155,9 +155,7 @@ def run_child(
                     raise KeyboardInterrupt(f"{command[0]}: interrupted; its session was killed")
                 if timeout_s is not None and time.perf_counter() - started > timeout_s:
                     raise TimeoutError(f"{command[0]} ran longer than {timeout_s:.0f} s; see {log}")
-                new = list(read_events(events))[seen:] if events.exists() else []
-                seen += len(new)
-                for event in new:
+                for event in tail.read():
                     if killed:
                         break  # what the child wrote after the kill point is not seen
                     trained = event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP

@@ -15,6 +15,7 @@ from partial_rollout.ledger import (
     AuditError,
     EventKind,
     EventLog,
+    EventTail,
     WorkLedger,
     audit,
     read_events,
@@ -258,6 +259,29 @@ def test_event_log_survives_a_torn_last_line(tmp_path: Path) -> None:
     path.write_bytes(b'{"event":"yield"}\n{"event":3}\n')
     with pytest.raises(BadInputError, match="line 2: not an event object"):
         list(read_events(path))
+
+
+def test_an_event_tail_returns_each_completed_event_once_across_a_kill_and_resume(tmp_path: Path) -> None:
+    """What the kill harness polls the child's log with: the bytes added since the last read, not the file."""
+    path = tmp_path / "events.jsonl"
+    tail = EventTail(path)
+    assert tail.read() == []  # no log yet
+    log = EventLog(path, fresh=True)
+    log.append("yield", prompt="a")
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b'{"seq":1,"event":"yie')  # the writer was killed mid-line
+    assert [e["prompt"] for e in tail.read()] == ["a"]  # the torn line waits
+    later = EventTail(path)  # a watcher that starts now sees only what comes next
+    log = EventLog(path)  # a resumed writer cuts the fragment off and appends
+    log.append("yield", prompt="b")
+    assert [e["prompt"] for e in tail.read()] == ["b"] and tail.read() == []
+    assert [e["prompt"] for e in later.read()] == ["b"]
+    log.close()
+    with open(path, "ab") as f:
+        f.write(b"not json\n")
+    with pytest.raises(BadInputError, match=rf"{path}: line 3: not JSON"):
+        tail.read()
 
 
 def test_audit_clean_run_and_the_end_event(tmp_path: Path) -> None:

@@ -14,7 +14,15 @@
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
-from partial_rollout.ledger.events import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventKind, EventLog, read_events
+from partial_rollout.ledger.events import (
+    ENGINE_FAILOVER,
+    EVENTS_FILENAME,
+    TRAIN_STEP,
+    EventKind,
+    EventLog,
+    EventTail,
+    read_events,
+)
 from partial_rollout.ledger.ledger import LedgerCut, WorkLedger, request_id
 
 __all__ = [
@@ -25,6 +33,7 @@ __all__ = [
     "AuditReport",
     "EventKind",
     "EventLog",
+    "EventTail",
     "LedgerCut",
     "WorkLedger",
     "audit",

@@ -138,18 +138,57 @@ def read_numbered_events(path: str | os.PathLike[str]) -> Iterator[tuple[int, di
     # After the split the last item is the text past the final newline: empty or a torn line.
     complete = lines[:-1]
     for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
-            what = f"not JSON ({exc}); only the last line may be torn by a kill"
-            raise BadInputError(what, path=path, field=f"line {number}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
-            raise BadInputError(
-                "not an event object (a JSON object with a string 'event')", path=path, field=f"line {number}"
-            )
-        yield number, record
+        if line.strip():
+            yield number, _parse(line, path=path, number=number)
+
+
+class EventTail:
+    """Follow a log another process is writing: each :meth:`read` returns the events completed since
+    the last one, reading only the bytes added since (a watcher polling a long run's log many times a
+    second would otherwise parse the whole file each time).
+
+    It starts after the events already complete, where a resumed writer appends: :class:`EventLog`
+    cuts a torn last line off before it appends again.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        data = self.path.read_bytes() if self.path.exists() else b""
+        self._offset = data.rfind(b"\n") + 1
+        self._lines = data.count(b"\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        """The events completed since the last call (a line still being written waits for the next).
+
+        Raises:
+            BadInputError: a completed line is not an event (see :func:`read_events`).
+        """
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        events = []
+        for line in complete.split(b"\n")[:-1]:
+            self._lines += 1
+            if line.strip():
+                events.append(_parse(line, path=self.path, number=self._lines))
+        return events
+
+
+def _parse(line: bytes, *, path: Path, number: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        what = f"not JSON ({exc}); only the last line may be torn by a kill"
+        raise BadInputError(what, path=path, field=f"line {number}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        raise BadInputError(
+            "not an event object (a JSON object with a string 'event')", path=path, field=f"line {number}"
+        )
+    return record
 
 
 def _cut_torn_tail(path: Path) -> None:
