@@ -81,7 +81,7 @@ class Attempt:
 
 @dataclass(kw_only=True)
 class KillResumeRun:
-    plan: KillPlan | None
+    plans: list[KillPlan]
     attempts: list[Attempt] = field(default_factory=list)
 
     @property
@@ -183,14 +183,16 @@ def kill_and_resume(
     *,
     events: Path,
     log: Path,
-    plan: KillPlan | None,
+    plans: Sequence[KillPlan],
     resume_command: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     on_step: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
 ) -> KillResumeRun:
-    """Run ``command``, kill it per ``plan`` (None: never), then ``resume_command`` until a run ends on its own.
+    """Run ``command``, then ``resume_command`` until a run ends on its own; run ``i`` is killed per
+    ``plans[i]``, and the runs after the last plan are not killed (a job preempted again after its
+    resume has two plans).
 
     ``resume_command`` defaults to ``command`` itself, for trainers that resume from their latest
     checkpoint on their own (NeMo RL does).
@@ -200,14 +202,14 @@ def kill_and_resume(
         TimeoutError: a run took longer than ``timeout_s``.
     """
     log.parent.mkdir(parents=True, exist_ok=True)
-    run = KillResumeRun(plan=plan)
+    run = KillResumeRun(plans=list(plans))
     while True:
         resume = bool(run.attempts)
         attempt = run_child(
             (resume_command or command) if resume else command,
             events=events,
             log=log,
-            plan=None if resume else plan,
+            plan=plans[len(run.attempts)] if len(run.attempts) < len(plans) else None,
             resume=resume,
             env=env,
             cwd=cwd,

@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(
     log.append(EventKind.SAVE, step=1, prefix_tokens=0)  # holds nothing: does not match
     log.append(EventKind.SAVE, step=2, prefix_tokens=5)
     log.append(EventKind.LOG, kind="train_step", step=2)  # logged after its save, as NeMo RL does
-    for step in range(3, 100_000):
+    for step in range(3, int(sys.argv[2]) if len(sys.argv) > 2 else 100_000):
         for sample in range(4):  # four events, then a trained step
             log.append(EventKind.FINISH, prompt="p", sample=sample)
             time.sleep(0.01)
@@ -75,13 +75,23 @@ def test_a_killed_run_resumes_with_the_resume_command_and_a_failed_resume_names_
     script.write_text(CHILD)
     command = [sys.executable, str(script), str(events)]
     plan = KillPlan(after_events=0, from_step=2)
-    run = kill_and_resume(command, resume_command=[sys.executable, "-c", "pass"], events=events, log=log, plan=plan)
+    run = kill_and_resume(command, resume_command=[sys.executable, "-c", "pass"], events=events, log=log, plans=[plan])
     assert [(a.resume, a.killed, a.returncode) for a in run.attempts] == [(False, True, -9), (True, False, 0)]
-    assert run.plan == plan and run.wall_s > 0
+    assert run.plans == [plan] and run.wall_s > 0
 
     fails = [sys.executable, "-c", "import sys; sys.exit(3)"]
     with pytest.raises(RuntimeError, match=f"exited with 3; see {log}"):
-        kill_and_resume(command, resume_command=fails, events=events, log=log, plan=plan)
+        kill_and_resume(command, resume_command=fails, events=events, log=log, plans=[plan])
+
+
+def test_each_run_is_killed_per_its_own_plan_and_the_run_after_the_last_plan_ends(tmp_path: Path) -> None:
+    """A job preempted again after its resume."""
+    script, events, log = tmp_path / "child.py", tmp_path / "events.jsonl", tmp_path / "child.log"
+    script.write_text(CHILD)
+    plans = [KillPlan(after_events=3, holding="prefix_tokens"), KillPlan(after_events=0, from_step=2)]
+    run = kill_and_resume([sys.executable, str(script), str(events), "12"], events=events, log=log, plans=plans)
+    assert [(a.resume, a.killed) for a in run.attempts] == [(False, True), (True, True), (True, False)]
+    assert run.attempts[-1].returncode == 0
 
 
 def test_a_plan_counts_events_so_it_cannot_be_negative() -> None:
@@ -99,7 +109,7 @@ def test_environment_and_folder_reach_the_child(tmp_path: Path) -> None:
     events, log = tmp_path / "events.jsonl", tmp_path / "child.log"
     code = "import os; print(os.getcwd(), os.environ['KILL_RESUME_PROBE'])"
     env = {**os.environ, "KILL_RESUME_PROBE": "here"}
-    run = kill_and_resume([sys.executable, "-c", code], events=events, log=log, plan=None, env=env, cwd=tmp_path)
+    run = kill_and_resume([sys.executable, "-c", code], events=events, log=log, plans=[], env=env, cwd=tmp_path)
     assert [a.killed for a in run.attempts] == [False]
     assert log.read_text().split() == [str(tmp_path), "here"]
 
@@ -125,5 +135,5 @@ def test_ctrl_c_while_runs_go_side_by_side_kills_every_session(tmp_path: Path) -
     assert time.monotonic() - started < 60
     assert not any(_alive(int(log.read_text().split()[0])) for log in logs)
     # the harness is usable again afterwards
-    run = kill_and_resume([sys.executable, "-c", "pass"], events=events, log=logs[0], plan=None)
+    run = kill_and_resume([sys.executable, "-c", "pass"], events=events, log=logs[0], plans=[])
     assert [a.killed for a in run.attempts] == [False]

@@ -29,18 +29,30 @@ FAST = CONFIG_DIR / "fast.yaml"
 CFG = load_config(FAST)
 
 
-def _plan(seed: int) -> KillPlan:
+def _plan(seed: int) -> list[KillPlan]:
     """Kill after a save that holds prefixes: the resumed run must continue some (``tokens_continued > 0``)."""
-    return draw_plan(
-        random.Random(seed),
-        save_period=CFG.checkpointing.save_period,
-        max_num_steps=CFG.grpo.max_num_steps,
-        holding="prefix_tokens",
-    )
+    return [
+        draw_plan(
+            random.Random(seed),
+            save_period=CFG.checkpointing.save_period,
+            max_num_steps=CFG.grpo.max_num_steps,
+            holding="prefix_tokens",
+        )
+    ]
+
+
+def _twice(seed: int) -> list[KillPlan]:
+    """Kill after a save holding prefixes at step 2 or 4, then the resumed run after one of its own at
+    step 6 or 8 (leaving steps to finish what it restores: :func:`draw_plan`)."""
+    rng = random.Random(seed)
+    return [
+        KillPlan(from_step=2, before_step=5, holding="prefix_tokens", after_events=rng.randint(0, 40)),
+        KillPlan(from_step=6, before_step=9, holding="prefix_tokens", after_events=rng.randint(0, 40)),
+    ]
 
 
 SCENARIOS = {
-    # name: (partial rollouts on, kill plan, extra overrides)
+    # name: (partial rollouts on, kill plans, extra overrides)
     "on_1": (
         True,
         _plan(11),
@@ -51,10 +63,15 @@ SCENARIOS = {
         _plan(12),
         (),
     ),
+    "on_twice": (
+        True,
+        _twice(14),
+        (),
+    ),
     # One group in flight at a time and no staleness eviction make the trained order a function of the seed.
     "serial_whole": (
         True,
-        None,
+        [],
         ("async_rl.max_inflight_prompts=1", "async_rl.sampler.max_staleness_versions=1000", "data.max_tokens=64"),
     ),
     "serial_killed": (
@@ -75,7 +92,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
     root = tmp_path_factory.mktemp("kill_resume")
 
     def one(name: str) -> tuple[Path, KillResumeRun, AuditReport]:
-        enabled, plan, extra = SCENARIOS[name]
+        enabled, plans, extra = SCENARIOS[name]
         folder = root / name
         overrides = [
             f"checkpointing.checkpoint_dir={folder / 'checkpoints'}",
@@ -83,7 +100,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Kill
             f"checkpointing.partial_rollouts.enabled={str(enabled).lower()}",
             *extra,
         ]
-        run = kill_and_resume(FAST, overrides, log_dir=folder, plan=plan, timeout_s=CHILD_TIMEOUT_S)
+        run = kill_and_resume(FAST, overrides, log_dir=folder, plans=plans, timeout_s=CHILD_TIMEOUT_S)
         return folder, run, audit(folder / EVENTS_FILENAME)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
@@ -164,7 +181,7 @@ def trained_groups(folder: Path) -> dict[int, list[str]]:
 @pytest.mark.parametrize("name", ["on_1", "on_2", "serial_killed"])
 def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(runs, name: str) -> None:
     folder, run, report = runs[name]
-    plan = SCENARIOS[name][1]
+    (plan,) = SCENARIOS[name][1]
     assert [a.killed for a in run.attempts] == [True, False]
     assert report.complete and report.lost == 0 and report.duplicated == 0, report.lost_ids + report.duplicated_ids
     assert report.trained == CFG.grpo.max_num_steps * CFG.grpo.num_prompts_per_step
@@ -187,6 +204,23 @@ def test_partial_rollouts_on_lose_and_duplicate_nothing_at_random_kill_points(ru
     snapshot = load_snapshot(folder / "checkpoints" / f"step_{resume['step']}")
     assert snapshot.counts()["tokens_in_flight"] == resume["prefix_tokens_at_save"] == save["engine_tokens"]
     assert [g.group_id for g in snapshot.groups] == save["saved"]
+
+
+def test_a_run_killed_again_after_its_resume_loses_and_duplicates_nothing(runs) -> None:
+    """A job preempted again: the second checkpoint is one the resumed process wrote, holding what it
+    restored and continued; it must resume as cleanly as the first."""
+    folder, run, report = runs["on_twice"]
+    assert [a.killed for a in run.attempts] == [True, True, False]
+    assert report.complete and report.clean, (report.lost_ids, report.duplicated_ids, report.stranded_ids)
+    assert report.trained == CFG.grpo.max_num_steps * CFG.grpo.num_prompts_per_step
+    events = list(read_events(folder / EVENTS_FILENAME))
+    pids = []
+    for resume, plan in zip(report.resumes, SCENARIOS["on_twice"][1], strict=True):
+        assert plan.from_step <= resume["step"] < plan.before_step
+        assert resume["saved_by_state"] == resume["outstanding_at_save_by_state"] and resume["restored_in_flight"] > 0
+        pids.append(_save_event(folder, resume["save_id"])["pid"])
+    assert pids[1] == _pid_of_resume(events, report.resumes[0]["save_id"])  # saved by the resumed process
+    assert 0 < report.tokens_continued <= sum(r["prefix_tokens_at_save"] for r in report.resumes)
 
 
 def test_each_saved_token_carries_the_version_live_when_it_was_sampled(runs) -> None:

@@ -76,10 +76,13 @@ def run_side(
     seed: int,
     timeout_s: float,
     overrides: Sequence[str] = (),
+    kills: int = 1,
 ) -> dict[str, Any]:
     """Train, kill, resume and audit one side; returns its audit report as JSON.
 
-    ``overrides``: further Hydra overrides of the demo's config (e.g. a multi-turn run).
+    ``overrides``: further Hydra overrides of the demo's config (e.g. a multi-turn run). ``kills``:
+    how many runs are killed, each after the first save of its own that holds work (more than one:
+    a job preempted again after its resume).
     """
     out.mkdir(parents=True, exist_ok=True)
     events = out / "events.jsonl"
@@ -98,14 +101,15 @@ def run_side(
     ]
     # a checkpoint that holds work: prefixes to continue (on), or the work NeMo RL's checkpoint leaves out (off)
     holding = "prefix_tokens" if enabled else "samples_unfinished"
-    plan = KillPlan(after_events=random.Random(seed).randint(0, 30), holding=holding)
+    rng = random.Random(seed)
+    plans = [KillPlan(after_events=rng.randint(0, 30), holding=holding) for _ in range(kills)]
     run = kill_and_resume(
-        command, events=events, log=out / "nemo_rl.log", plan=plan, env=nemo.env(), cwd=out, timeout_s=timeout_s
+        command, events=events, log=out / "nemo_rl.log", plans=plans, env=nemo.env(), cwd=out, timeout_s=timeout_s
     )
     report = audit(events).to_json()
     report["wall_s"] = round(run.wall_s, 1)
     report["attempts"] = [vars(a) for a in run.attempts]
-    report["kill_after_events"] = plan.after_events
+    report["kill_after_events"] = [plan.after_events for plan in plans]
     (out / "audit.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     return report
 

@@ -55,17 +55,17 @@ def kill_and_resume(
     overrides: Sequence[str],
     *,
     log_dir: Path,
-    plan: KillPlan | None,
+    plans: Sequence[KillPlan],
     on_step: Callable[[int], None] | None = None,
     timeout_s: float | None = None,
 ) -> KillResumeRun:
-    """Train from scratch with its logs in ``log_dir``, kill per ``plan`` (None: no kill), resume to the end."""
+    """Train from scratch with its logs in ``log_dir``, kill and resume per ``plans``, resume to the end."""
     return run_killed_and_resumed(
         trainer_command(config, overrides, resume=False),
         resume_command=trainer_command(config, overrides, resume=True),
         events=log_dir / EVENTS_FILENAME,
         log=log_dir / "trainer.log",
-        plan=plan,
+        plans=plans,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
         on_step=on_step,
         timeout_s=timeout_s,

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
 
         attempts = kill_and_resume(
-            config_path, overrides, log_dir=run_dir, plan=plans[enabled], on_step=on_step, timeout_s=CHILD_TIMEOUT_S
+            config_path, overrides, log_dir=run_dir, plans=[plans[enabled]], on_step=on_step, timeout_s=CHILD_TIMEOUT_S
         )
         report = audit(run_dir / EVENTS_FILENAME).to_json()
         report["wall_s"] = round(attempts.wall_s, 1)

@@ -70,8 +70,9 @@ def test_a_resumed_multi_turn_group_equals_the_uninterrupted_one(tmp_path: Path)
     assert reason.startswith("environment_state_not_saved") and "environment.metadata.seen" in reason, reason
 
 
-def test_a_killed_multi_turn_run_loses_nothing(tmp_path: Path) -> None:
-    """NeMo RL's SingleController with a three-turn environment, SIGKILLed after a checkpoint and resumed."""
+def test_a_multi_turn_run_killed_twice_loses_nothing(tmp_path: Path) -> None:
+    """NeMo RL's SingleController with a three-turn environment, SIGKILLed after a checkpoint and resumed,
+    then SIGKILLed again after a checkpoint of the resumed run (one holding what it restored) and resumed."""
     from partial_rollout_integrations.nemo_rl.demo import NemoEnvironment, run_side
 
     report = run_side(
@@ -81,6 +82,7 @@ def test_a_killed_multi_turn_run_loses_nothing(tmp_path: Path) -> None:
         seed=5,
         timeout_s=2400,
         overrides=["++grpo.max_rollout_turns=3", "++partial_rollout_cpu.turns=3"],
+        kills=2,
     )
     events = list(read_events(tmp_path / "events.jsonl"))
     replayed = [e for e in events if e.get("kind") == "turns_replayed"]
@@ -89,10 +91,12 @@ def test_a_killed_multi_turn_run_loses_nothing(tmp_path: Path) -> None:
             {f: report[f] for f in ("lost", "duplicated", "tokens_continued", "attempts")} | {"replayed": len(replayed)}
         )
     )
-    assert report["complete"] and [a["killed"] for a in report["attempts"]] == [True, False]
+    assert report["complete"] and [a["killed"] for a in report["attempts"]] == [True, True, False]
     assert (report["lost"], report["duplicated"], report["stranded"]) == (0, 0, 0)
-    (resume,) = report["resumes"]
-    assert 0 < report["tokens_continued"] <= resume["prefix_tokens_at_save"]
+    first, second = report["resumes"]
+    assert first["step"] < second["step"] and first["restored_in_flight"] > 0 and second["restored_in_flight"] > 0
+    assert 0 < report["tokens_continued"] <= first["prefix_tokens_at_save"] + second["prefix_tokens_at_save"]
+    assert report["cursor_mismatches"] == []
     assert replayed, "no restored sample had completed turns to replay"
     # NeMo RL retries a group whose rollout or commit raised; none may have.
     assert [e for e in events if e["event"] == "regenerate" and e["reason"] == "retry"] == []
