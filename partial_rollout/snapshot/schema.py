@@ -444,8 +444,7 @@ class GroupRecord:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field and the samples' states against the group's (what construction does): a
-        ledger changes a group's state after construction, and the writer checks it again.
+        """Check every field, and the samples' states against the group's (what construction does).
 
         Raises:
             ValueError: naming the field and the offending value.
@@ -471,6 +470,17 @@ class GroupRecord:
                 raise ValueError(f"samples[{position}] must be a SampleRecord, got {type(sample).__name__}")
             if sample.index != position:
                 raise ValueError(f"samples[{position}] has index {sample.index}; samples must be in index order 0..n-1")
+        self.check_states()
+
+    def check_states(self) -> None:
+        """Check the group's state against its dispatch version and its samples' states.
+
+        A ledger changes these after construction, so the writer checks them again; the other
+        fields it checks only once, here.
+
+        Raises:
+            ValueError: naming what disagrees.
+        """
         if self.state is GroupState.PENDING:
             if self.dispatch_version != -1:
                 raise ValueError(f"a pending group has dispatch_version -1, got {self.dispatch_version}")

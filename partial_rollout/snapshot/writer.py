@@ -38,8 +38,8 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
         The size of the file written, in bytes.
 
     Raises:
-        ValueError: a sample or group is invalid (records the engine's cut built unchecked, and groups
-            whose state a ledger changed, are checked here).
+        ValueError: a sample is invalid, or a group's state disagrees with its samples' (records the
+            engine's cut built unchecked, and groups whose state a ledger changed, are checked here).
     """
     for group in snapshot.groups:
         for sample in group.samples:
@@ -48,7 +48,7 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
             except ValueError as exc:
                 raise ValueError(f"group {group.group_id!r} sample {sample.index}: {exc}") from None
         try:
-            group.validate()
+            group.check_states()
         except ValueError as exc:
             raise ValueError(f"group {group.group_id!r}: {exc}") from None
     tensors, metadata = encode_snapshot(snapshot)
