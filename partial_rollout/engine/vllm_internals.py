@@ -297,6 +297,9 @@ class WorkerHooks:
         """
         import torch
 
+        from partial_rollout.engine import amx
+
+        amx.request_amx_permission()  # before any request reaches vLLM's AMX attention kernel
         if lifeline is not None:
             from partial_rollout.engine import orphan_guard
 
