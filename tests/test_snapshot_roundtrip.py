@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from safetensors.numpy import load_file
 from snapshot_helpers import VOCAB, bytes_per_token, example_snapshot, fingerprints, read_file, snapshots
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from partial_rollout.errors import SnapshotError
 from partial_rollout.snapshot import (
     SNAPSHOT_FILENAME,
     GroupRecord,
@@ -23,9 +26,11 @@ from partial_rollout.snapshot import (
     SamplingSpec,
     Snapshot,
     SnapshotReader,
+    container,
     load_snapshot,
     save_snapshot,
 )
+from partial_rollout.snapshot.checksum import metadata_checksum, tensor_checksum
 from partial_rollout.snapshot.runs import decode_runs, encode_runs
 from partial_rollout.snapshot.state_codec import decode, encode, states_equal
 from partial_rollout.snapshot.writer import encode_snapshot
@@ -288,3 +293,140 @@ def test_state_codec_refuses_a_state_nested_too_deeply() -> None:
         decode({"deep": deep}, {})
     with pytest.raises(ValueError, match="metadata is nested too deeply"):
         Snapshot(trainer_step=0, policy_version=0, fingerprints=fingerprints(), metadata={"deep": deep})
+
+
+# -- 0-d loader tensors and numpy scalars, through a real file --------------------------------
+
+
+def _save_and_load(tmp_path: Path, loader_state: dict[str, Any], *, same: bool = True) -> dict[str, Any]:
+    path = tmp_path / SNAPSHOT_FILENAME
+    save_snapshot(example_snapshot(loader_state=loader_state), path)
+    with SnapshotReader(path) as reader:  # the dump's path: open lazily, stream every checksum
+        reader.verify_checksums()
+        assert reader.group_ids == [g.group_id for g in example_snapshot().groups]
+    loaded = load_snapshot(path).loader_state
+    assert isinstance(loaded, dict) and (states_equal(loaded, loader_state) or not same)
+    return loaded
+
+
+def test_zero_d_loader_tensors_round_trip(tmp_path: Path) -> None:
+    """0-d numpy arrays and torch tensors (the spec allows any shape) load back with dtype, shape () and value."""
+    state = {
+        "np_int": np.array(7),
+        "np_f32": np.array(-0.0, dtype=np.float32),
+        "np_nan": np.array(np.nan),
+        "np_bool": np.array(True),
+        "torch_int": torch.tensor(5),
+        "torch_bf16": torch.tensor(-1.5, dtype=torch.bfloat16),
+        "torch_u8": torch.tensor(255, dtype=torch.uint8),
+        "with_1d": [np.arange(3, dtype=np.int16), torch.zeros(0, dtype=torch.float32)],
+    }
+    back = _save_and_load(tmp_path, state)
+    for key, dtype, value in (
+        ("np_int", np.int64, 7),
+        ("np_f32", np.float32, -0.0),
+        ("np_bool", np.bool_, True),
+    ):
+        got = back[key]
+        assert type(got) is np.ndarray and got.dtype == dtype and got.shape == (), key
+        assert got.tobytes() == np.array(value, dtype=dtype).tobytes(), key  # bit for bit (-0.0 stays -0.0)
+    assert type(back["np_nan"]) is np.ndarray and back["np_nan"].dtype == np.float64 and back["np_nan"].shape == ()
+    assert np.isnan(back["np_nan"])
+    for key, dtype, value in (
+        ("torch_int", torch.int64, 5),
+        ("torch_bf16", torch.bfloat16, -1.5),
+        ("torch_u8", torch.uint8, 255),
+    ):
+        got = back[key]
+        assert isinstance(got, torch.Tensor) and got.dtype == dtype and got.shape == (), key
+        assert got.item() == value, key
+    assert back["with_1d"][0].tolist() == [0, 1, 2] and back["with_1d"][1].shape == (0,)
+
+
+def _rewrite_keeping_shapes(path: Path, out: Path, edit: Any) -> Path:
+    """Like snapshot_helpers.rewrite (every checksum recomputed), but a 0-d tensor stays 0-d."""
+    arrays, meta = read_file(path)
+    edit(arrays)
+    checksums = {k: tensor_checksum(v) for k, v in sorted(arrays.items())}
+    meta["checksums"] = json.dumps({"algorithm": "crc32", "metadata": metadata_checksum(meta), "tensors": checksums})
+    container.write_file(out, arrays, meta)
+    return out
+
+
+def _refused(path: Path) -> SnapshotError:
+    with pytest.raises(SnapshotError) as info:
+        load_snapshot(path)
+    assert str(path) in str(info.value), str(info.value)
+    return info.value
+
+
+def test_zero_d_tensor_where_the_format_wants_one_dimension_is_refused(tmp_path: Path) -> None:
+    """Fixed tensors stay strictly 1-D and bytes stay 1-D U8: a 0-d one is a SnapshotError, never IndexError."""
+    saved = tmp_path / "good.safetensors"
+    save_snapshot(example_snapshot(loader_state={"b": b"\x07", "x": np.array(1)}), saved)
+
+    def zero_d(name: str) -> Any:
+        return lambda arrays: arrays.__setitem__(name, np.ascontiguousarray(arrays[name].reshape(-1)[0]).reshape(()))
+
+    for name in ("group.state", "group.id_offsets", "sample.state", "sample.tokens", "sample.reward"):
+        error = _refused(_rewrite_keeping_shapes(saved, tmp_path / f"{name}.safetensors", zero_d(name)))
+        assert error.field == name and "must be one-dimensional, got shape []" in str(error), str(error)
+    error = _refused(_rewrite_keeping_shapes(saved, tmp_path / "bytes.safetensors", zero_d("loader.0")))  # b"\x07"
+    assert error.field == "loader_state" and "bytes must be stored one-dimensional" in str(error), str(error)
+    bad_dtype = _rewrite_keeping_shapes(
+        saved, tmp_path / "dtype.safetensors", lambda a: a.__setitem__("loader.1", np.array(1.0))
+    )
+    error = _refused(bad_dtype)
+    assert error.field == "loader_state" and "stored as float64, expected int64" in str(error), str(error)
+
+
+NUMPY_SCALARS = {
+    "f64": np.float64(0.1),
+    "f64_neg_zero": np.float64(-0.0),
+    "f64_subnormal": np.float64(5e-324),
+    "f64_max": np.float64(np.finfo(np.float64).max),
+    "f64_nan": np.float64(np.nan),
+    "f64_inf": np.float64(np.inf),
+    "f64_neg_inf": np.float64(-np.inf),
+    "f32": np.float32(0.1),
+    "f32_nan": np.float32(np.nan),
+    "f16": np.float16(-0.0),
+    "int_": np.int_(-(2**63)),
+    "i32": np.int32(-7),
+    "u64": np.uint64(2**64 - 1),
+    "u8": np.uint8(255),
+    "bool_": np.bool_(True),
+}
+
+
+def test_numpy_scalars_keep_their_type(tmp_path: Path) -> None:
+    """Every numpy scalar, np.float64 (a float subclass) included, loads back as itself, bit for bit."""
+    state = {"scalars": dict(NUMPY_SCALARS), "plain": 0.1, "in_list": [np.float64(2.5), 2.5]}
+    tree, _ = encode(state)
+    assert tree["scalars"]["f64"] == {"__type__": "numpy_scalar", "dtype": "float64", "value": 0.1}
+    assert tree["scalars"]["f64_nan"]["value"] == {"__type__": "float", "value": "nan"}
+    assert tree["plain"] == 0.1 and tree["in_list"][1] == 2.5
+    back = _save_and_load(tmp_path, state)
+    for key, value in NUMPY_SCALARS.items():
+        got = back["scalars"][key]
+        assert type(got) is type(value), f"{key}: {type(got).__name__} is not {type(value).__name__}"
+        assert got.dtype == value.dtype and got.tobytes() == value.tobytes(), f"{key}: {got!r} != {value!r}"
+    assert type(back["in_list"][0]) is np.float64 and back["in_list"][0] == 2.5
+    assert type(back["plain"]) is float and type(back["in_list"][1]) is float
+
+
+def test_numpy_scalars_the_spec_table_does_not_list_keep_todays_behaviour(tmp_path: Path) -> None:
+    """np.str_ and np.bytes_ (no safetensors dtype) are stored as str and bytes; complex scalars are refused."""
+    back = _save_and_load(tmp_path, {"s": np.str_("\u00e9t\u00e9"), "b": np.bytes_(b"\x00ab")}, same=False)
+    assert type(back["s"]) is str and back["s"] == "\u00e9t\u00e9"
+    assert type(back["b"]) is bytes and back["b"] == b"\x00ab"
+    for value in (np.complex128(1 + 2j), np.complex64(1j), 1 + 2j):
+        with pytest.raises(ValueError, match=r"loader_state\['c'\]"):
+            encode({"c": value})
+
+
+def test_files_written_before_the_numpy_scalar_fix_still_read_as_they_did() -> None:
+    """An np.float64 saved by the old codec is a plain JSON number: it still loads as a plain float."""
+    back = decode({"old_f64": 0.1, "old_nan": {"__type__": "float", "value": "nan"}}, {})
+    assert type(back["old_f64"]) is float and back["old_f64"] == 0.1
+    assert type(back["old_nan"]) is float and back["old_nan"] != back["old_nan"]

@@ -308,7 +308,9 @@ class SnapshotReader:
 
     def _check_structure(self) -> None:
         a = self.arrays
-        size = {name: entry.shape[0] for name, entry in self._entries.items()}
+        # Only the fixed tensors, which _check_tensor_entries proved one-dimensional: loader.* tensors
+        # may have any shape (0-d included) and are checked when the loader state is decoded.
+        size = {name: self._entries[name].shape[0] for name in layout.TENSORS}
         self._check_offsets("group.id_offsets", size["group.id_bytes"], minimum_step=1)
         self._check_offsets("group.data_offsets", size["group.data_bytes"])
         self._check_offsets("group.prompt_offsets", size["group.prompt_tokens"], minimum_step=1)

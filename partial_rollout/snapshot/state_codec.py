@@ -22,9 +22,12 @@ numpy array                    ``{"__type__": "tensor", "framework": "numpy", "d
 torch tensor                   ``{"__type__": "tensor", "framework": "torch", "dtype": ..., "name": ...}``
 =============================  ===========================================================
 
-Dict subclasses (``OrderedDict``) come back as ``dict``. Tensors are stored with their own dtype
-and shape; torch dtypes numpy lacks (``bfloat16``, float8) are stored as unsigned integers of the
-same width and viewed back. Anything else is refused with a :class:`ValueError` naming its path in
+A numpy scalar is tagged even where its type subclasses a Python one (``np.float64`` is a
+``float``), so it comes back as itself; ``np.str_`` and ``np.bytes_`` have no safetensors dtype and
+are stored as ``str`` and ``bytes``; complex scalars are refused. Dict subclasses (``OrderedDict``)
+come back as ``dict``. Tensors are stored with their own dtype and shape (0-d included); torch
+dtypes numpy lacks (``bfloat16``, float8) are stored as unsigned integers of the same width and
+viewed back. Anything else is refused with a :class:`ValueError` naming its path in
 the tree, because the only way to store an arbitrary object is pickle, which this project never
 loads.
 """
@@ -73,6 +76,13 @@ def encode(state: Any, *, prefix: str = "loader.") -> tuple[Any, dict[str, np.nd
         return name
 
     def walk(value: Any, path: str) -> Any:
+        # numpy scalars first: np.float64 subclasses float, and the float case below would store it
+        # as a plain number (np.complex128 subclasses complex; it is refused here). np.str_ and
+        # np.bytes_ (np.character: no safetensors dtype) are left to the str and bytes cases.
+        if isinstance(value, np.generic) and not isinstance(value, np.character):
+            if value.dtype.name not in NUMPY_DTYPES or value.dtype.kind == "c":
+                raise ValueError(f"{path}: cannot store a numpy scalar of dtype {value.dtype}")
+            return {TYPE_KEY: "numpy_scalar", "dtype": value.dtype.name, "value": walk(value.item(), path)}
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int):
@@ -96,10 +106,6 @@ def encode(state: Any, *, prefix: str = "loader.") -> tuple[Any, dict[str, np.nd
             return {TYPE_KEY: "dict", "items": items}
         if isinstance(value, bytes):
             return {TYPE_KEY: "bytes", "name": store(np.frombuffer(value, dtype=np.uint8))}
-        if isinstance(value, np.generic):
-            if value.dtype.name not in NUMPY_DTYPES or value.dtype.kind == "c":
-                raise ValueError(f"{path}: cannot store a numpy scalar of dtype {value.dtype}")
-            return {TYPE_KEY: "numpy_scalar", "dtype": value.dtype.name, "value": walk(value.item(), path)}
         if isinstance(value, np.ndarray):
             if value.dtype.name not in NUMPY_DTYPES:
                 known = sorted(NUMPY_DTYPES)
