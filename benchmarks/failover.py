@@ -42,8 +42,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from partial_rollout.engine import EngineConfig, EnginePool, Failover
-from partial_rollout.engine.failover import Delta
+from partial_rollout.engine import Delta, EngineConfig, EnginePool, Failover
 from partial_rollout.snapshot import SampleRecord, SamplingSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -179,7 +178,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
     model = args.model
     if model is None:
-        from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+        from partial_rollout.models import TinyModelSpec, build_tiny_model
 
         model = str(build_tiny_model(TinyModelSpec(arch="llama")))
     config = EngineConfig(model=model, max_model_len=args.max_tokens + 64, multiprocessing=False)

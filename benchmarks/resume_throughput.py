@@ -62,7 +62,7 @@ FULL = dict(samples=[16, 64, 256], prefix=[128, 512, 2048], reps=3)
 
 
 def engine_config(args: argparse.Namespace, model: str) -> Any:
-    from partial_rollout.engine.factory import EngineConfig
+    from partial_rollout.engine import EngineConfig
 
     return EngineConfig(
         model=model,
@@ -81,7 +81,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.model:
         model = args.model
     else:
-        from partial_rollout.models.tiny import build_tiny_model
+        from partial_rollout.models import build_tiny_model
 
         model = str(build_tiny_model())
     config = engine_config(args, model)
@@ -205,9 +205,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.out is None:
         args.out = RESULTS / ("resume_full" if args.full else "resume_quick")
     if args.kv_cache_bytes is None:
-        from partial_rollout.engine.factory import is_cpu_platform
+        from vllm.platforms import current_platform
 
-        if is_cpu_platform():
+        if current_platform.is_cpu():
             args.kv_cache_bytes = 2 * 2**30
     if args.multiprocessing:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"

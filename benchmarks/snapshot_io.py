@@ -41,9 +41,9 @@ from tqdm import tqdm
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.cli import main as cli_main
+from partial_rollout.engine import Capabilities
 from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
-from partial_rollout.engine.protocol import Capabilities
 from partial_rollout.ledger import WorkLedger, request_id
 from partial_rollout.snapshot import (
     Fingerprints,

@@ -7,15 +7,17 @@ their arrays, and that the checks still run before a byte is written.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from partial_rollout.engine import exactness
+from partial_rollout.engine import Capabilities, EngineConfig, ResumableEngine, exactness
 from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
-from partial_rollout.engine.protocol import Capabilities
+from partial_rollout.engine.vllm_internals import SamplerKind
 from partial_rollout.snapshot import (
     Fingerprints,
     GroupRecord,
@@ -116,3 +118,44 @@ def test_the_checks_a_cut_skips_run_before_the_snapshot_is_written(tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="logprobs must be finite"):
         dataclasses.replace(record)  # any copy of it is checked as usual
+
+
+class _FrontEnd:
+    """The parts of vLLM's ``AsyncLLM`` a verified cut reads, with workers that sampled ``worker_tokens`` of "r"."""
+
+    def __init__(self, worker_tokens: int) -> None:
+        self.model_config = SimpleNamespace(max_model_len=64, try_get_generation_config=dict)
+        self.output_processor = SimpleNamespace(request_states={"r-0a1b": SimpleNamespace(external_req_id="r")})
+        self.paused = False
+        self._worker_tokens = worker_tokens
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
+        self.paused = True
+
+    async def resume_generation(self) -> None:
+        self.paused = False
+
+    async def collective_rpc(self, method: str) -> list[dict[str, tuple[int, bytes | None]]]:
+        assert method == "partial_rollout_capture"
+        return [{"r-0a1b": (self._worker_tokens, None)}]
+
+
+def test_a_cut_whose_token_counts_disagree_with_the_engines_is_refused_and_the_engine_resumes(tmp_path: Path) -> None:
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    llm = _FrontEnd(worker_tokens=3)
+    engine = ResumableEngine(
+        llm,
+        EngineConfig(model=str(tmp_path)),
+        Capabilities(exact=False, verified_cut=True),
+        0,
+        sampler=SamplerKind(device="cpu", state_bytes=5056),  # a torch MT19937 generator
+    )
+    engine._live["r"] = _live(5, starts=[(0, 0)])  # five tokens arrived here; the workers sampled three
+    # A RuntimeError, not an assert: under ``python -O`` the verified cut must still be verified.
+    with pytest.raises(RuntimeError, match=r"r: the cut does not verify: this process received 5 .* sampled 3"):
+        asyncio.run(engine.pause_and_capture())
+    assert not llm.paused

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from benchmarks.failover import Attempt, until_delivered, watch
-from partial_rollout.engine import EngineConfig, EnginePool, NoEngineLeftError
-from partial_rollout.engine.failover import ENGINE_DIED, Delta, Failover, Received, Tracker
+from partial_rollout.engine import Delta, EngineConfig, EnginePool, NoEngineLeftError
+from partial_rollout.engine.failover import ENGINE_DIED, Failover, Received, Tracker
 from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, audit, read_events, request_id
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 

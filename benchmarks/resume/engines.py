@@ -207,8 +207,8 @@ async def elastic(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from partial_rollout.engine import EngineConfig, EnginePool, cluster
-    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout.engine import EngineConfig, EnginePool, connect_ray
+    from partial_rollout.models import TinyModelSpec, build_tiny_model
 
     model = args.model or str(build_tiny_model(TinyModelSpec(arch="llama")))
     config = EngineConfig(
@@ -218,7 +218,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_memory_bytes=args.kv_cache_bytes,
         multiprocessing=False,
     )
-    cluster.connect(None, object_store_memory=256 * 2**20, log_to_driver=False)
+    connect_ray(None, object_store_memory=256 * 2**20, log_to_driver=False)
     started = time.perf_counter()
     most = max(args.engines)
     pool = await EnginePool.ray(config, most, count_steps=True)

@@ -192,7 +192,7 @@ class SavedWork:
 
 def size_breakdown(path: Path) -> dict[str, int]:
     """Where a snapshot's bytes go, from its safetensors header: what grows per generated token and what does not."""
-    from partial_rollout.snapshot.container import read_header
+    from partial_rollout.snapshot import read_header
 
     header = read_header(path)
     parts = dict(token_data=0, prompts=0, sampler_state=0, per_sample_fields=0, per_group_fields=0, other_tensors=0)

@@ -145,9 +145,8 @@ async def _one_point(engine: Any, n: int, prefix: int, remainder: int, vocab: in
 
 
 async def _one_config(args: argparse.Namespace) -> dict[str, Any]:
-    from partial_rollout.engine import ResumableEngine
-    from partial_rollout.engine.factory import EngineConfig
-    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout.engine import EngineConfig, ResumableEngine
+    from partial_rollout.models import TinyModelSpec, build_tiny_model
 
     model = build_tiny_model(TinyModelSpec(arch=args.arch))
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]

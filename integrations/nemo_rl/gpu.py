@@ -53,7 +53,7 @@ from partial_rollout.engine import (
     EnginePool,
     RemoteEngine,
     ResumableEngine,
-    vllm_internals,
+    WorkerHooks,
     with_worker_hooks,
 )
 from partial_rollout.errors import ConfigError
@@ -68,7 +68,7 @@ NEMO_EXTENSION = "nemo_rl.models.generation.vllm.vllm_backend.VllmInternalWorker
 """NeMo RL's vLLM worker extension (the refit receivers) that :data:`EXTENSION` extends."""
 WORKER = f"{__name__}.PartialRolloutVllmWorker"
 EXTENSION = f"{__name__}.WorkerExtension"
-"""NeMo RL's worker extension with :class:`~partial_rollout.engine.vllm_internals.WorkerHooks` mixed
+"""NeMo RL's worker extension with :class:`~partial_rollout.engine.WorkerHooks` mixed
 in, built on first use (NeMo RL's extension imports vLLM, which the controller's environment lacks)."""
 ENGINE_METHODS = frozenset(
     {"generate", "pause_and_capture", "resume", "fingerprints", "capabilities", "progress", "reset_prefix_cache"}
@@ -83,7 +83,7 @@ def __getattr__(name: str) -> Any:
 
     cls = type(
         "WorkerExtension",
-        (vllm_internals.WorkerHooks, VllmInternalWorkerExtension),
+        (WorkerHooks, VllmInternalWorkerExtension),
         {"__module__": __name__, "__doc__": "NeMo RL's refit receivers and partial rollouts' capture hooks."},
     )
     globals()["WorkerExtension"] = cls

@@ -1,7 +1,7 @@
 """An engine that dies mid-run loses no tokens: its requests continue on the engines that survive.
 
 An engine in a Ray actor streams each request's new tokens to the pool while it generates
-(:func:`stream`), so the trainer's process always holds what every request has produced so far:
+(:meth:`RemoteEngine.stream`), so the trainer's process always holds what every request has produced so far:
 token ids, behaviour logprobs and policy versions (:class:`Received`). When the actor dies (a lost
 node, an out-of-memory kill, ``ray.kill``), the pool resubmits each of its requests to a surviving
 engine with that prefix as ``resume_from``. The generator state died with the engine, so a seeded
@@ -12,19 +12,16 @@ engine sampled but never delivered are sampled again, as they were never receive
 
 from __future__ import annotations
 
-import asyncio
 from array import array
-from collections.abc import AsyncIterator, Callable, Container, Sequence
+from collections.abc import AsyncIterator, Callable, Container
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from partial_rollout.engine import exactness
+from partial_rollout.engine.protocol import Delta
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
-
-if TYPE_CHECKING:
-    from partial_rollout.engine.resumable import ResumableEngine
 
 ENGINE_DIED = "the engine that generated the prefix died and its generator state with it"
 """Why a seeded sample continued after a failover is inexact (see :func:`exactness.no_sampler_state`)."""
@@ -45,73 +42,6 @@ class NoEngineLeftError(RuntimeError):
         super().__init__(message)
         self.record = record
         """The request's prefix as the trainer received it, ready to resume from."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Delta:
-    """Tokens one request produced since the last delta, as the engine received them from vLLM."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    """Behaviour logprob of each token (the same kind as the finished record's)."""
-    versions: list[int]
-    """Policy version that sampled each token."""
-
-    def __post_init__(self) -> None:
-        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
-            raise ValueError(
-                f"a delta's token_ids, logprobs and versions must have equal lengths, got {len(self.token_ids)},"
-                f" {len(self.logprobs)}, {len(self.versions)}"
-            )
-
-    @staticmethod
-    def join(deltas: Sequence[Delta]) -> Delta:
-        """One delta for several in a row (a stream sends what piled up since its last send as one)."""
-        return Delta(
-            token_ids=[t for d in deltas for t in d.token_ids],
-            logprobs=[p for d in deltas for p in d.logprobs],
-            versions=[v for d in deltas for v in d.versions],
-        )
-
-
-async def stream(
-    engine: ResumableEngine,
-    request_id: str,
-    prompt_token_ids: Sequence[int],
-    sampling: SamplingSpec,
-    *,
-    index: int,
-    resume_from: SampleRecord | None = None,
-) -> AsyncIterator[Delta | SampleRecord]:
-    """:meth:`ResumableEngine.generate` as a stream: deltas while it runs, then the finished record.
-
-    Deltas that pile up while the consumer is busy (a Ray send in flight) are sent as one.
-    """
-    pending: list[Delta] = []
-    ready = asyncio.Event()
-
-    def push(delta: Delta) -> None:
-        pending.append(delta)
-        ready.set()
-
-    task = asyncio.ensure_future(
-        engine.generate(request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from, on_delta=push)
-    )
-    task.add_done_callback(lambda _: ready.set())
-    try:
-        while True:
-            if pending:
-                batch = Delta.join(pending)
-                pending.clear()
-                yield batch
-                continue
-            if task.done():
-                yield task.result()
-                return
-            ready.clear()
-            await ready.wait()
-    finally:
-        task.cancel()
 
 
 class Received:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from partial_rollout.engine import cluster, failover
 from partial_rollout.engine.factory import EngineConfig
-from partial_rollout.engine.protocol import Capabilities, Cut, Progress, RolloutEngine
+from partial_rollout.engine.protocol import Capabilities, Cut, Delta, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
@@ -37,9 +37,9 @@ class _EngineHost:
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(self.engine, method)(*args, **kwargs)
 
-    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[failover.Delta | SampleRecord]:
-        """``generate`` streamed to the caller (a Ray streaming generator): see :func:`failover.stream`."""
-        async for item in failover.stream(self.engine, *args, **kwargs):
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Delta | SampleRecord]:
+        """``generate`` streamed to the caller (a Ray streaming generator): see :meth:`ResumableEngine.stream`."""
+        async for item in self.engine.stream(*args, **kwargs):
             yield item
 
 
@@ -76,7 +76,7 @@ class RemoteEngine:
         *,
         index: int,
         resume_from: SampleRecord | None = None,
-    ) -> AsyncIterator[failover.Delta | SampleRecord]:
+    ) -> AsyncIterator[Delta | SampleRecord]:
         """:meth:`generate` with each request's new tokens delivered as they come (the pool holds the prefix)."""
         from ray.exceptions import RayActorError
 
@@ -166,7 +166,7 @@ class EnginePool:
         pin_cpus: bool = True,
         **options: Any,
     ) -> EnginePool:
-        """``num_engines`` engines, each in its own Ray actor (``ray.init`` or :func:`cluster.connect` must have run).
+        """``num_engines`` engines, each in its own Ray actor (``ray.init`` or :func:`connect_ray` must have run).
 
         On a cluster with GPUs each engine asks for ``tensor_parallel_size`` GPUs; on CPU each is
         pinned to its own group of this machine's cores unless ``pin_cpus`` is off

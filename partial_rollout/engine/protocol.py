@@ -73,6 +73,37 @@ class Progress:
     """Tokens sampled in those steps, by vLLM's own statistics."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Delta:
+    """Tokens one request produced since the last delta, as the engine received them from vLLM.
+
+    An engine in a Ray actor streams these to the pool while it generates, so the trainer's
+    process holds every request's prefix if the actor dies (:mod:`~partial_rollout.engine.failover`).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Behaviour logprob of each token (the same kind as the finished record's)."""
+    versions: list[int]
+    """Policy version that sampled each token."""
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.versions):
+            raise ValueError(
+                f"a delta's token_ids, logprobs and versions must have equal lengths, got {len(self.token_ids)},"
+                f" {len(self.logprobs)}, {len(self.versions)}"
+            )
+
+    @staticmethod
+    def join(deltas: Sequence[Delta]) -> Delta:
+        """One delta for several in a row (a stream sends what piled up since its last send as one)."""
+        return Delta(
+            token_ids=[t for d in deltas for t in d.token_ids],
+            logprobs=[p for d in deltas for p in d.logprobs],
+            versions=[v for d in deltas for v in d.versions],
+        )
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """What a trainer needs from an engine to generate and to lose nothing at a checkpoint."""

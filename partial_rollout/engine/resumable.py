@@ -10,19 +10,19 @@ attribute, and the start-up probe that decides what may be used, in
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from partial_rollout.engine import continuation, cut, orphan_guard, sampling_options, stops, vllm_internals
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
-from partial_rollout.engine.failover import Delta
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.progress import StepCount, step_logger_factory
-from partial_rollout.engine.protocol import Capabilities, Cut, Progress
+from partial_rollout.engine.protocol import Capabilities, Cut, Delta, Progress
 from partial_rollout.errors import ConfigError
 from partial_rollout.fingerprint import model_fingerprint, tokenizer_fingerprint
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
@@ -228,7 +228,7 @@ class ResumableEngine:
 
         ``on_delta`` is called with the tokens of each output as it arrives (their logprobs and policy
         versions too), so that a caller in another process always holds the request's prefix
-        (:func:`~partial_rollout.engine.failover.stream`).
+        (:meth:`stream`).
 
         Raises:
             ValueError: ``resume_from`` is of another sample or sampling, or carries a sampler
@@ -315,6 +315,47 @@ class ResumableEngine:
         finally:
             del self._live[request_id]
 
+    async def stream(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> AsyncIterator[Delta | SampleRecord]:
+        """:meth:`generate` as a stream: deltas while it runs, then the finished record.
+
+        What an engine in a Ray actor sends to its pool, so the pool holds every request's prefix
+        and can continue it on another engine if the actor dies. Deltas that pile up while the
+        consumer is busy (a Ray send in flight) are sent as one.
+        """
+        pending: list[Delta] = []
+        ready = asyncio.Event()
+
+        def push(delta: Delta) -> None:
+            pending.append(delta)
+            ready.set()
+
+        task = asyncio.ensure_future(
+            self.generate(request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from, on_delta=push)
+        )
+        task.add_done_callback(lambda _: ready.set())
+        try:
+            while True:
+                if pending:
+                    batch = Delta.join(pending)
+                    pending.clear()
+                    yield batch
+                    continue
+                if task.done():
+                    yield task.result()
+                    return
+                ready.clear()
+                await ready.wait()
+        finally:
+            task.cancel()
+
     def _check_sampler_state(self, request_id: str, base: SampleRecord) -> None:
         state = base.sampler_state
         if state is None:
@@ -347,7 +388,13 @@ class ResumableEngine:
                     samples[rid] = req.finished
                     continue
                 count, state = worker.get(rid, (len(req.token_ids), None))
-                assert len(req.token_ids) == count, f"{rid}: client has {len(req.token_ids)} tokens, engine {count}"
+                if len(req.token_ids) != count:
+                    raise RuntimeError(
+                        f"{rid}: the cut does not verify: this process received {len(req.token_ids)} output tokens"
+                        f" of the request, the engine's workers sampled {count}; its prefix would not be the one"
+                        " the engine continues from (vLLM's outputs or internals are not what the capture"
+                        " expects), so no cut is taken and the engine resumes"
+                    )
                 engine_tokens += count
                 record = cut.in_flight_record(req, count, state, self._capabilities)
                 if record.inexact and record.inexact not in self._warned:

@@ -10,9 +10,11 @@ and :func:`load_snapshot` it on resume::
     for group, sample in snapshot.iter_samples(SampleState.IN_FLIGHT):
         ...  # re-submit group.prompt_token_ids + sample.token_ids
 
-The file format is specified in docs/snapshot_format.md.
+The file format is specified in docs/snapshot_format.md; :func:`read_header` reads a file's
+checked safetensors header alone (where its bytes go, without reading a tensor).
 """
 
+from partial_rollout.snapshot.container import read_header
 from partial_rollout.snapshot.reader import SnapshotReader, find_snapshot, load_snapshot
 from partial_rollout.snapshot.schema import (
     FORMAT_NAME,
@@ -42,6 +44,7 @@ __all__ = [
     "SnapshotReader",
     "find_snapshot",
     "load_snapshot",
+    "read_header",
     "save_snapshot",
     "snapshot_path",
 ]
