@@ -33,15 +33,9 @@ the console script's entry point). The trainers may not: the command line import
 EXEMPT = {
     ("benchmarks.snapshot_io", "partial_rollout.engine.cut"): "times the engine's own cut on synthetic requests",
     ("benchmarks.snapshot_io", "partial_rollout.engine.live"): "builds the synthetic live requests it cuts",
-    (
-        f"{INTEGRATIONS}.reference_grpo.controller",
-        "partial_rollout.engine.cluster",
-    ): "use partial_rollout.engine.connect_ray",
-    (f"{INTEGRATIONS}.reference_grpo.controller", "partial_rollout.models.tiny"): "use partial_rollout.models",
 }
-"""Private imports allowed for now, with why or what replaces them: the frozen-window benchmark
-measures the engine adapter's internals without an engine (no public name should expose them); the
-reference trainer is being rewritten on :mod:`partial_rollout.checkpoint` (issue 18)."""
+"""Private imports allowed, with why: the frozen-window benchmark measures the engine adapter's
+internals without an engine (no public name should expose them)."""
 
 
 def _module(path: Path) -> str:

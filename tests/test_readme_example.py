@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from partial_rollout.ledger import audit, read_events
+
 pytestmark = pytest.mark.engine
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -44,3 +46,17 @@ def test_readme_trainer_example_loses_nothing(tmp_path: Path, tiny_llama: Path) 
     assert "in_flight" in out["saved"].values()
     assert out["consumed"] == 4, "after the resume every group finished and was trained on"
     assert out["continued_tokens"] > 0
+    assert out["loader_state"] is not None, "the cut holds the loader's cursor"
+
+    # The example's own event log, audited: nothing lost or duplicated, the resume recorded against
+    # the save it resumed from, every saved write logged, and the continued tokens counted there too.
+    events = tmp_path / "run" / "events.jsonl"
+    report = audit(events)
+    assert report.complete and report.clean, (report.lost_ids, report.duplicated_ids, report.stranded_ids)
+    assert report.yielded == 4 and report.trained == 4 and report.lost == 0 and report.duplicated == 0
+    (resume,) = report.resumes
+    kinds = [e["event"] for e in read_events(events)]
+    save = next(e for e in read_events(events) if e["event"] == "save")
+    assert resume["save_id"] == save["save_id"]
+    assert kinds.count("save_written") == 1 and "save_failed" not in kinds
+    assert report.tokens_continued == out["continued_tokens"]

@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
+from partial_rollout.checkpoint import ON_STALE_CHOICES, OnStale
 from partial_rollout.errors import ConfigError
 
 BLOCK = "checkpointing.partial_rollouts"
 """Where the block lives in a NeMo RL config, for error messages."""
-
-OnStale = Literal["continue", "regenerate", "drop"]
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -45,9 +44,9 @@ class PartialRolloutsConfig:
         for name in ("enabled", "record_events", "allow_vllm_change"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"must be true or false, got {getattr(self, name)!r}", field=f"{BLOCK}.{name}")
-        if self.on_stale not in get_args(OnStale):
+        if self.on_stale not in ON_STALE_CHOICES:
             raise ConfigError(
-                f"must be one of {', '.join(get_args(OnStale))}, got {self.on_stale!r}", field=f"{BLOCK}.on_stale"
+                f"must be one of {', '.join(ON_STALE_CHOICES)}, got {self.on_stale!r}", field=f"{BLOCK}.on_stale"
             )
         if self.events_path is not None and not (isinstance(self.events_path, str) and self.events_path):
             raise ConfigError(f"must be a file path, got {self.events_path!r}", field=f"{BLOCK}.events_path")

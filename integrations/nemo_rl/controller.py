@@ -3,15 +3,16 @@
 :func:`controller_class` subclasses NeMo RL's own actor class and overrides three methods, each of
 which calls NeMo RL's:
 
-- ``_save_checkpoint``: close the generation gate, freeze the engines (keep mode), capture every
-  sample and cut the ledger into memory, then call NeMo RL's save *in the same event-loop turn* (it
-  reads its loader cursor before its first ``await``), so the cursor, the buffer's ready groups and
-  our snapshot describe one instant. The engines resume as soon as NeMo RL's save first awaits;
-  the snapshot is written into ``tmp_step_N`` by NeMo RL's finalisation thread, before the rename
-  that commits the checkpoint.
-- ``_maybe_restore_replay_buffer``: after NeMo RL restores its buffer, load the snapshot of the same
-  checkpoint, apply ``on_stale``, and hand the prompts to re-dispatch to the loader wrapper, so they
-  enter through NeMo RL's rollout pump (its permits and staleness accounting stay right).
+- ``_save_checkpoint``: open the checkpointer's frozen window (the generation gate closed, the
+  engines frozen in keep mode), cut every sample and the ledger into memory, then call NeMo RL's
+  save *in the same event-loop turn* (it reads its loader cursor before its first ``await``), so the
+  cursor, the buffer's ready groups and our snapshot describe one instant. The window thaws as soon
+  as NeMo RL's save first awaits; the pending snapshot is written into ``tmp_step_N`` by NeMo RL's
+  finalisation thread, before the rename that commits the checkpoint, and logs its own outcome.
+- ``_maybe_restore_replay_buffer``: after NeMo RL restores its buffer, restore the checkpointer from
+  the same checkpoint, apply ``on_stale`` (the library's, with NeMo RL's own staleness rule), and
+  hand the prompts to re-dispatch to the loader wrapper, so they enter through NeMo RL's rollout
+  pump (its permits and staleness accounting stay right).
 - ``_sync_weights``: keep the ledger's policy version equal to NeMo RL's trainer version.
 """
 
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ from typing import Any
 import ray
 from nemo_rl.algorithms.single_controller import SingleControllerActor
 
+from partial_rollout.checkpoint import apply_on_stale
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import LedgerCut
-from partial_rollout.snapshot import Fingerprints, GroupState, snapshot_path
+from partial_rollout.snapshot import GroupState
 from partial_rollout_integrations.nemo_rl import seams
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.hooks import (
@@ -41,13 +40,7 @@ from partial_rollout_integrations.nemo_rl.hooks import (
 )
 from partial_rollout_integrations.nemo_rl.session import GROUP_KEY, Session
 
-STALE_AT_RESUME = "stale_at_resume"
-"""Eviction / regeneration reason of a restored group that ``on_stale`` does not continue."""
 RECORD_FOLDER = "ledger_{step}"
-RECORD_ONLY_FINGERPRINTS = Fingerprints(
-    model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a"
-)
-"""A record-only ledger without our engine holds no tokens to continue, so it is bound to no model."""
 """Folder (beside ``events.jsonl``) of a record-only run's ledger at checkpoint ``step_N``."""
 
 
@@ -56,7 +49,6 @@ class _Installed:
     config: PartialRolloutsConfig
     session: Session
     loader: LedgerLoader
-    fingerprints: Fingerprints | None
     events_dir: Path
 
 
@@ -129,7 +121,7 @@ def controller_class() -> Any:
             self._logger.log_metrics = log_and_record
             if actor_args.last_checkpoint_path is None:
                 session.ledger.record_start(nemo_rl=True, partial_rollouts=config.enabled)
-            return _Installed(config, session, loader, None, path.parent)
+            return _Installed(config, session, loader, path.parent)
 
         async def run(self) -> dict[str, Any]:
             result: dict[str, Any] = await super().run()
@@ -156,26 +148,21 @@ def controller_class() -> Any:
             if not pr.config.enabled:
                 await self._save_record_only(pr, step_metrics)
                 return
-            if pr.fingerprints is None:
-                pr.fingerprints = await pr.session.engine.fingerprints()  # type: ignore[union-attr]
-            started = time.perf_counter()
-            engine_cut = await pr.session.freeze()
+            session = pr.session
+            window = await session.checkpointer.freeze()
             try:
-                pr.session.capture(engine_cut.samples)
-                cut = pr.session.ledger.cut(
+                pending = session.cut(
+                    window,
                     Path(self._checkpointer.checkpoint_dir) / f"tmp_step_{self._train_steps}",
                     trainer_step=self._train_steps,
                     policy_version=self._trainer_version,
-                    fingerprints=pr.fingerprints,
-                    loader_state=None,
-                    metadata=pr.session.metadata(),
                 )
             except BaseException:
-                await pr.session.thaw()
+                await window.thaw()
                 raise
-            logged = threading.Event()
-            thaw = asyncio.ensure_future(self._thaw_and_log(pr, cut, started, engine_cut, logged))
-            self._checkpointer._before_commit = self._writer(pr, cut, logged, asyncio.get_running_loop())
+            thaw = asyncio.ensure_future(window.thaw())
+            # NeMo RL's finalisation thread writes it into the real tmp_step_N folder, before the commit.
+            self._checkpointer._before_commit = pending.write
             try:
                 # NeMo RL reads its loader cursor before its first await: still this turn.
                 await super()._save_checkpoint(step_metrics)
@@ -183,48 +170,16 @@ def controller_class() -> Any:
                 self._checkpointer._before_commit = None
                 await thaw
 
-        async def _thaw_and_log(
-            self, pr: _Installed, cut: LedgerCut, started: float, engine_cut: Any, logged: threading.Event
-        ) -> None:
-            try:
-                await pr.session.thaw()
-                stall = time.perf_counter() - started
-                pr.session.ledger.record_save(cut, stall_s=round(stall, 6), engine_pause_s=round(engine_cut.pause_s, 6))
-            finally:
-                logged.set()
-
-        @staticmethod
-        def _writer(pr: _Installed, cut: LedgerCut, logged: threading.Event, loop: asyncio.AbstractEventLoop) -> Any:
-            def write(folder: str) -> None:
-                logged.wait()
-                cut.path = snapshot_path(folder)  # the real tmp_step_N folder NeMo RL created
-                started = time.perf_counter()
-                try:
-                    size = cut.write()
-                except BaseException as e:
-                    error = f"{type(e).__name__}: {e}"
-                    loop.call_soon_threadsafe(lambda: pr.session.ledger.record_save_failed(cut, error=error))
-                    raise
-                seconds = round(time.perf_counter() - started, 6)
-                loop.call_soon_threadsafe(lambda: pr.session.ledger.record_written(cut, bytes=size, write_s=seconds))
-
-            return write
-
         async def _save_record_only(self, pr: _Installed, step_metrics: dict[str, Any]) -> None:
             """Flag off, events on: log what NeMo RL itself keeps (its ready groups), change nothing."""
-            folder = pr.events_dir / RECORD_FOLDER.format(step=self._train_steps)
-            if pr.fingerprints is None:
-                engine = pr.session.engine
-                pr.fingerprints = RECORD_ONLY_FINGERPRINTS if engine is None else await engine.fingerprints()
-            pr.session.ledger.save(
-                folder,
+            pending = await pr.session.checkpointer.save(
+                pr.events_dir / RECORD_FOLDER.format(step=self._train_steps),
                 trainer_step=self._train_steps,
                 policy_version=self._trainer_version,
-                fingerprints=pr.fingerprints,
-                loader_state=None,
                 states={GroupState.READY},
                 metadata=pr.session.metadata(),
             )
+            pending.write()
             await super()._save_checkpoint(step_metrics)
 
         # ------------------------------------------------------------ resume
@@ -234,39 +189,41 @@ def controller_class() -> Any:
             pr = self._pr
             if pr is None or self._last_checkpoint_path is None:
                 return
-            ledger = pr.session.ledger
+            checkpointer = pr.session.checkpointer
             if pr.config.enabled:
                 folder = Path(self._last_checkpoint_path)
-                if pr.fingerprints is None:
-                    pr.fingerprints = await pr.session.engine.fingerprints()  # type: ignore[union-attr]
-                snapshot = ledger.load(folder, expect=pr.fingerprints, allow_vllm_change=pr.config.allow_vllm_change)
             else:
-                step = _checkpoint_step(self._last_checkpoint_path)
-                snapshot = ledger.load(pr.events_dir / RECORD_FOLDER.format(step=step))
-            ledger.record_resume(step=self._train_steps, partial_rollouts=pr.config.enabled)
+                folder = pr.events_dir / RECORD_FOLDER.format(step=_checkpoint_step(self._last_checkpoint_path))
+            # NeMo RL commits every restored group again through its pump: nothing is settled here.
+            restored = await checkpointer.restore(
+                folder,
+                allow_vllm_change=pr.config.allow_vllm_change,
+                settle=False,
+                check_fingerprints=pr.config.enabled,
+                step=self._train_steps,
+                partial_rollouts=pr.config.enabled,
+            )
             datums = pr.session.restore(
-                snapshot, in_nemo_buffer=list(self._buffer._group_ids), redispatch=pr.config.enabled
+                restored.snapshot, in_nemo_buffer=list(self._buffer._group_ids), redispatch=pr.config.enabled
             )
             if pr.config.enabled:
                 pr.loader.restore(self._apply_on_stale(pr, datums))
 
         def _apply_on_stale(self, pr: _Installed, datums: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            session, keep = pr.session, []
-            for datum in datums:
-                group = session.restored.get(datum[GROUP_KEY])
-                stale = group is not None and self._sampler.should_abort_inflight(
+            """``on_stale`` over the restored in-flight groups, by NeMo RL's own staleness rule."""
+            session = pr.session
+            restored = [session.restored[d[GROUP_KEY]] for d in datums if d[GROUP_KEY] in session.restored]
+            acted = apply_on_stale(
+                session.ledger,
+                restored,
+                is_stale=lambda group: self._sampler.should_abort_inflight(
                     start_weight_version=group.dispatch_version, current_train_weight=self._trainer_version
-                )
-                if not stale or pr.config.on_stale == "continue":
-                    keep.append(datum)
-                elif pr.config.on_stale == "regenerate":
-                    del session.restored[group.group_id]  # type: ignore[union-attr]
-                    session.ledger.regenerate(group.group_id, reason=STALE_AT_RESUME)  # type: ignore[union-attr]
-                    keep.append(datum)
-                else:
-                    del session.restored[group.group_id]  # type: ignore[union-attr]
-                    session.ledger.evict(group.group_id, reason=STALE_AT_RESUME)  # type: ignore[union-attr]
-            return keep
+                ),
+                policy=pr.config.on_stale,
+            )
+            for group_id in acted:
+                del session.restored[group_id]  # regenerated from scratch, or dropped
+            return [d for d in datums if acted.get(d[GROUP_KEY]) != "drop"]
 
     PartialRolloutController.__name__ = PartialRolloutController.__qualname__ = "PartialRolloutController"
     return ray.remote(num_cpus=1, num_gpus=0)(PartialRolloutController)

@@ -7,11 +7,12 @@ is consumed or evicted. The session keeps those facts in the work ledger
 (:class:`~partial_rollout.ledger.WorkLedger`, which writes ``events.jsonl``) and knows which engine
 requests are running for which sample.
 
-At a checkpoint (:meth:`Session.cut`) it closes a gate so no new request reaches an engine,
-freezes every engine (keep mode) and waits for their cut; then, without awaiting anything,
-:meth:`Session.capture` turns every sample into a record (finished, in flight with its prefix, or
-not started) and returns the snapshot, in the same event-loop turn in which NeMo RL reads its loader
-cursor. The engines resume before anything is written.
+The checkpoint protocol is the library's :class:`~partial_rollout.checkpoint.RolloutCheckpointer`
+(:attr:`Session.checkpointer`): its frozen window closes the gate so no new request reaches an
+engine and freezes every engine (keep mode); then, without awaiting anything, :meth:`Session.cut`
+turns every sample into a record (finished, in flight with its prefix, or not started) and cuts the
+ledger, in the same event-loop turn in which NeMo RL reads its loader cursor. The engines resume
+before anything is written.
 
 Ids: NeMo RL names a group attempt with a fresh uuid (a retry gets another); the ledger names the
 prompt ``e<epoch>:<dataset idx>``, stable across attempts and restarts, carried in the DatumSpec
@@ -23,15 +24,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from partial_rollout.checkpoint import FrozenWindow, PendingSnapshot, RolloutCheckpointer
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import SnapshotError
-from partial_rollout.ledger import TRAIN_STEP, EventLog, WorkLedger, request_id
+from partial_rollout.ledger import TRAIN_STEP, request_id
 from partial_rollout.snapshot import (
+    Fingerprints,
     GroupRecord,
     GroupState,
     SampleRecord,
@@ -58,6 +62,10 @@ COMMITTED_AFTER_CUT = "committed_after_cut"
 """Ready reason of a restored group NeMo RL's replay buffer holds finished while our cut does not."""
 EPOCH_KEY = "loader_epoch"
 """Snapshot metadata key: the epoch the loader wrapper was in at the cut."""
+RECORD_ONLY_FINGERPRINTS = Fingerprints(
+    model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a"
+)
+"""A record-only ledger without our engine holds no tokens to continue, so it is bound to no model."""
 
 
 @dataclass(slots=True)
@@ -164,7 +172,11 @@ class Session:
         engine: RolloutEngine | None,
     ) -> None:
         self.config = config
-        self.ledger = WorkLedger(EventLog(events_path))
+        self.checkpointer = RolloutCheckpointer(
+            engine, events=events_path, fingerprints=RECORD_ONLY_FINGERPRINTS if engine is None else None
+        )
+        """The checkpoint protocol: the gate to the engines, the frozen window, the restore."""
+        self.ledger = self.checkpointer.ledger
         self.settings = settings
         self.group_size = group_size
         self.engine = engine
@@ -173,13 +185,9 @@ class Session:
         self.policy_version = 0
         self._nemo_ids: dict[str, str] = {}
         """NeMo RL group id (an attempt's uuid) -> our group id."""
-        self._running: dict[str, SampleContext] = {}
-        """Engine requests submitted and not yet returned, by request id."""
         self._progress: dict[tuple[str, int], SampleProgress] = {}
         """Samples of dispatched groups that have not finished, by (group id, index)."""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._open = asyncio.Event()
-        self._open.set()
         self.restored: dict[str, GroupRecord] = {}
         """Groups restored from a snapshot that have not been dispatched again yet."""
         self._started = time.perf_counter()
@@ -234,27 +242,21 @@ class Session:
         self, ctx: SampleContext, prompt_token_ids: Sequence[int], stop_strings: Sequence[str] | None
     ) -> SampleRecord:
         """Generate (or continue, or replay) the current turn of one sample; returns its finished record."""
-        assert self.engine is not None, "generation without an engine"
         progress = self._progress[(ctx.group_id, ctx.index)]
         if ctx.turn < len(progress.replay):  # completed before the cut: served from the snapshot
             where = f"group {ctx.group_id} sample {ctx.index} turn {ctx.turn}"
             progress.last = turns.turn_record(progress.replay[ctx.turn], ctx.index, field=where)
             progress.stepped = False
             return progress.last
-        await self._open.wait()  # a checkpoint's cut is running: start after it
         resume_from, progress.resume = progress.resume, None
         if resume_from is not None:
             sampling = resume_from.sampling
         else:
             sampling = self.settings.sampling(ctx.group_id, ctx.index, len(prompt_token_ids), stop_strings, ctx.turn)
-        rid = request_id(ctx.group_id, ctx.index)
-        self._running[rid] = ctx
-        try:
-            record = await self.engine.generate(
-                rid, prompt_token_ids, sampling, index=ctx.index, resume_from=resume_from
-            )
-        finally:
-            del self._running[rid]
+        # Gated: a request waits while a checkpoint's window is frozen, and starts after it.
+        record = await self.checkpointer.generate(
+            ctx.group_id, ctx.index, prompt_token_ids, sampling, resume_from=resume_from
+        )
         # Continued tokens: a saved prefix the engine went on from. A turn saved finished (generated,
         # not yet stepped at the cut) is kept whole, not continued.
         if resume_from is not None and resume_from.state is SampleState.IN_FLIGHT:
@@ -355,26 +357,10 @@ class Session:
 
     # ---------------------------------------------------------------- checkpoint
 
-    async def freeze(self) -> Any:
-        """Close the gate and freeze every engine; returns their cut. Call :meth:`capture` next, without awaiting."""
-        assert self.engine is not None
-        self._open.clear()
-        try:
-            return await self.engine.pause_and_capture()
-        except BaseException:
-            self._open.set()
-            raise
-
-    async def thaw(self) -> None:
-        """Let the engines and the gated rollouts go on after a cut."""
-        assert self.engine is not None
-        try:
-            await self.engine.resume()
-        finally:
-            self._open.set()
-
-    def capture(self, engine_samples: Mapping[str, SampleRecord]) -> None:
-        """Every sample of the in-flight groups as it stands now (call right after :meth:`freeze`, same turn).
+    def cut(
+        self, window: FrozenWindow, folder: str | os.PathLike[str], *, trainer_step: int, policy_version: int
+    ) -> PendingSnapshot:
+        """Cut a frozen window with every sample as it stands now (call in the freeze's turn, no await).
 
         A sample's turn in progress is, at this instant, exactly one of: running on an engine (the
         cut holds its prefix), generated and returned to NeMo RL but not stepped by the environment
@@ -382,19 +368,24 @@ class Session:
         environment again or replays it), or not submitted (not started). Its completed turns go into
         its group's ``data``.
         """
-        missing = sorted(set(self._running) - set(engine_samples))
-        if missing:
-            raise RuntimeError(f"the engines' cut lacks running requests {missing[:5]}")
-        samples = {rid: engine_samples[rid] for rid in self._running}
+        assert window.engine_cut is not None, "a window with the engines frozen"
+        running = self.checkpointer.running
+        samples = {rid: record for rid, record in window.engine_cut.samples.items() if rid in running}
         by_group: dict[str, dict[int, SampleProgress]] = {}
         for (group_id, index), progress in self._progress.items():
             by_group.setdefault(group_id, {})[index] = progress
             rid = request_id(group_id, index)
-            if rid not in samples and progress.last is not None and (progress.done or not progress.stepped):
+            if rid not in running and progress.last is not None and (progress.done or not progress.stepped):
                 samples[rid] = progress.last
         for group in self.ledger.groups(GroupState.IN_FLIGHT):
             _keep_turns(group, by_group.get(group.group_id, {}))
-        self.ledger.capture(samples)
+        return window.cut(
+            folder,
+            trainer_step=trainer_step,
+            policy_version=policy_version,
+            metadata=self.metadata(),
+            samples=samples,
+        )
 
     def metadata(self) -> dict[str, Any]:
         """What a snapshot keeps of the session itself."""

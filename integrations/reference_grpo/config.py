@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from omegaconf import OmegaConf
 
+from partial_rollout.checkpoint import OnStale
 from partial_rollout.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -177,7 +178,7 @@ class PartialRolloutsConfig:
     enabled: bool = True
     """On: save one consistent cut of all outstanding work and resume it. Off: NeMo RL's semantics
     (live loader cursor + ready groups only; in-flight and undispatched prompts are lost)."""
-    on_stale: Literal["continue", "regenerate", "drop"] = "continue"
+    on_stale: OnStale = "continue"
     """Restored work dispatched more than ``max_staleness_versions`` ago: continue it anyway (the
     sampler may evict it later), regenerate it from scratch, or drop it (evicted, reason
     ``stale_at_resume``)."""

@@ -12,24 +12,26 @@ their buffer permits), runs one GRPO update, exports the weights and pushes them
 engine (requests in flight continue under them; vLLM labels each token with its policy version),
 and checkpoints every ``checkpointing.save_period`` steps.
 
-**Checkpoint.** With ``checkpointing.partial_rollouts.enabled`` the engine is paused and captured,
-and in the same await-free window the loader cursor is read and the ledger cuts every outstanding
-group (pending, in flight with their prefixes, partly finished, ready) into memory. The engine then
-resumes, and only after that is the cut encoded, written, fsynced and committed (in a thread), so
-the engine stands still for the pause and the in-memory copy, not for the disk. The ``save`` event
-records that stall (``stall_ms``), the ``save_written`` event the write time. A write that fails
-(disk full, a writer error) leaves the previous checkpoint as it was: the half-written folder is
-removed, ``save_failed`` is logged, and training goes on with its in-memory state untouched (the
-cut held copies), so the next save is whole. Off, it does what NeMo RL does: the live cursor plus
-the ready groups only, so in-flight and yielded-but-undispatched prompts are lost on resume.
+**Checkpoint.** The library's :class:`~partial_rollout.checkpoint.RolloutCheckpointer` owns the
+protocol: with ``checkpointing.partial_rollouts.enabled`` its ``save`` freezes the engine and, in
+one await-free window, reads the loader cursor and cuts every outstanding group (pending, in flight
+with their prefixes, partly finished, ready) into memory, then lets the engine go on; the pending
+write is encoded, fsynced and committed in a thread, so the engine stands still for the pause and
+the in-memory copy, not for the disk (``stall_ms`` in the ``save`` event, the write time in
+``save_written``). A write that fails (disk full, a writer error) leaves the previous checkpoint as
+it was: the half-written folder is removed, ``save_failed`` is logged, and training goes on with its
+in-memory state untouched (the cut held copies), so the next save is whole. Off, it does what
+NeMo RL does: the live cursor plus the ready groups only, so in-flight and yielded-but-undispatched
+prompts are lost on resume.
 
 **Logged for audits** besides the ledger's events: every weight update (``weight_update``: the
 version that went live and each running request's token count just before the update was asked
 for and just after it returned, so every token's version can be checked against when it was
 sampled), and at the end of a process the engine's own token counts (``engine_progress``).
 
-**Resume.** Ready groups go back to the buffer, in-flight samples continue from their prefixes
-(``generate(..., resume_from=record)``), pending prompts are dispatched before any new loader batch,
+**Resume.** The checkpointer's ``restore`` loads the cut: ready groups go back to the buffer,
+in-flight samples continue from their prefixes (its ``rollout``), pending prompts are dispatched
+before any new loader batch,
 and every restored group re-takes its permits so the counts stay balanced. Work dispatched too long
 ago is handled by ``checkpointing.partial_rollouts.on_stale``.
 """
@@ -37,7 +39,6 @@ ago is handled by ``checkpointing.partial_rollouts.on_stale``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import time
@@ -48,18 +49,11 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
+from partial_rollout.checkpoint import RolloutCheckpointer
 from partial_rollout.engine import NoEngineLeftError, RolloutEngine
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import (
-    ENGINE_FAILOVER,
-    EVENTS_FILENAME,
-    TRAIN_STEP,
-    EventLog,
-    LedgerCut,
-    WorkLedger,
-    request_id,
-)
-from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleState
+from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger
+from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
 from partial_rollout_integrations.reference_grpo.policy import Policy
@@ -72,11 +66,6 @@ WEIGHT_UPDATE = "weight_update"
 ENGINE_PROGRESS = "engine_progress"
 """``kind`` of the ``log`` event written when training ends (``tokens_received``: every token this
 process's engine produced; ``live_tokens``: those of requests still running, by request id)."""
-
-
-ENGINE_HINT = "engine_of_request"
-"""Snapshot ``metadata`` key: which engine of the pool held each request in flight at the cut (request id
-to engine index). A hint for logs only: a resume places every request anew, on however many engines it has."""
 
 
 class GRPOLoop:
@@ -97,7 +86,6 @@ class GRPOLoop:
         self.engine = engine
         self.policy = policy
         self.ledger = ledger
-        self.fingerprints = fingerprints
         self.step = step
         self.version = step
         self.epoch = 0
@@ -112,6 +100,8 @@ class GRPOLoop:
             collate_fn=task.collate,
             drop_last=True,
         )
+        self.rollouts = RolloutCheckpointer(engine, ledger=ledger, loader=self.loader, fingerprints=fingerprints)
+        """The checkpoint protocol: cuts, restores, and runs samples (continuing saved prefixes)."""
         self.buffer_permits = asyncio.Semaphore(config.async_rl.max_buffered_rollouts)
         self.inflight_permits = asyncio.Semaphore(config.async_rl.max_inflight_prompts)
         self.rollout_permitted = asyncio.Event()
@@ -130,54 +120,41 @@ class GRPOLoop:
     # ---------------------------------------------------------------- resume
 
     async def restore(self, folder: Path) -> None:
-        """Load the ledger's cut and re-take every permit the restored work holds.
+        """Load the checkpointer's cut and re-take every permit the restored work holds.
 
         None blocks: nothing else holds one yet."""
-        snapshot = self.ledger.load(
+        partial = self.config.checkpointing.partial_rollouts
+        oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
+        restored = await self.rollouts.restore(
             folder,
-            expect=self.fingerprints,
-            allow_vllm_change=self.config.checkpointing.partial_rollouts.allow_vllm_change,
+            allow_vllm_change=partial.allow_vllm_change,
+            on_stale=partial.on_stale,
+            is_stale=lambda group: group.dispatch_version < oldest,
+            step=self.step,
+            partial_rollouts=partial.enabled,
         )
-        self.ledger.record_resume(
-            step=self.step, checkpoint=str(folder), partial_rollouts=self.config.checkpointing.partial_rollouts.enabled
-        )
-        if snapshot.loader_state is not None:
-            self.loader.load_state_dict(snapshot.loader_state)
-        self.epoch = int(snapshot.metadata.get("epoch", 0))
-        self._apply_on_stale()
-        held = list(self.ledger.groups(GroupState.IN_FLIGHT, GroupState.READY))
-        if len(held) > self.config.async_rl.max_buffered_rollouts:
+        self.epoch = int(restored.snapshot.metadata.get("epoch", 0))
+        held = len(restored.in_flight) + len(restored.ready)
+        if held > self.config.async_rl.max_buffered_rollouts:
             raise ConfigError(
-                f"the checkpoint holds {len(held)} dispatched groups, more than max_buffered_rollouts "
+                f"the checkpoint holds {held} dispatched groups, more than max_buffered_rollouts "
                 f"{self.config.async_rl.max_buffered_rollouts}",
                 field="async_rl.max_buffered_rollouts",
                 fix="Resume with at least the capacity the run was saved with",
             )
-        in_flight = [g for g in held if g.state is GroupState.IN_FLIGHT and not self.ledger.settle(g.group_id)]
-        if len(in_flight) > self.config.async_rl.max_inflight_prompts:
+        if len(restored.in_flight) > self.config.async_rl.max_inflight_prompts:
             raise ConfigError(
-                f"the checkpoint holds {len(in_flight)} groups in flight, more than max_inflight_prompts "
+                f"the checkpoint holds {len(restored.in_flight)} groups in flight, more than max_inflight_prompts "
                 f"{self.config.async_rl.max_inflight_prompts}",
                 field="async_rl.max_inflight_prompts",
                 fix="Resume with at least the in-flight limit the run was saved with",
             )
-        for _ in held:
+        for _ in range(held):
             await self.buffer_permits.acquire()
-        for group in in_flight:
+        for _ in restored.in_flight:
             await self.inflight_permits.acquire()
-            self.restored_in_flight.append(group.group_id)
-        self.restored_pending = [g.group_id for g in self.ledger.groups(GroupState.PENDING)]
-
-    def _apply_on_stale(self) -> None:
-        policy = self.config.checkpointing.partial_rollouts.on_stale
-        oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
-        for group in list(self.ledger.groups(GroupState.IN_FLIGHT, GroupState.READY)):
-            if group.dispatch_version >= oldest or policy == "continue":
-                continue
-            if policy == "regenerate":
-                self.ledger.regenerate(group.group_id, reason="stale_at_resume")
-            else:
-                self.ledger.evict(group.group_id, reason="stale_at_resume")
+        self.restored_in_flight = restored.in_flight
+        self.restored_pending = restored.pending
 
     # ---------------------------------------------------------------- the run
 
@@ -258,33 +235,14 @@ class GRPOLoop:
         self._spawn(self._generate(group_id))
 
     async def _generate(self, group_id: str) -> None:
-        group = self.ledger[group_id]
-        await asyncio.gather(*(self._sample(group, i) for i in range(len(group.samples))))
-        self.ledger.settle(group_id)
+        outcomes = await self.rollouts.rollout(group_id, reward=self._reward)
+        self.generated_tokens += sum(o.generated_tokens for o in outcomes)
         self.inflight_permits.release()
         self.ready_changed.set()
 
-    async def _sample(self, group: GroupRecord, index: int) -> None:
-        saved = group.samples[index]
-        if saved.state is SampleState.FINISHED:
-            return
-        resume_from = saved if saved.state is SampleState.IN_FLIGHT else None
-        prompt = group.prompt_token_ids.tolist()
-        record = await self.engine.generate(
-            request_id(group.group_id, index), prompt, saved.sampling, index=index, resume_from=resume_from
-        )
-        prefix = resume_from.num_tokens if resume_from is not None else 0
-        self.generated_tokens += record.num_tokens - prefix
-        score = task.reward(
-            group.data,
-            record.token_ids,
-            num_buckets=self.config.data.num_buckets,
-            reward_tokens=self.config.data.reward_tokens,
-        )
-        # settled once by _generate: a group ready here could be consumed before _generate resumes
-        self.ledger.finish(
-            group.group_id, dataclasses.replace(record, reward=score), prefix_tokens=prefix, settle=False
-        )
+    def _reward(self, group: GroupRecord, record: SampleRecord) -> float:
+        data = self.config.data
+        return task.reward(group.data, record.token_ids, num_buckets=data.num_buckets, reward_tokens=data.reward_tokens)
 
     # ---------------------------------------------------------------- train pump
 
@@ -384,60 +342,18 @@ class GRPOLoop:
                 "sampler_name": self.config.async_rl.sampler.name,
             },
         )
-        if not self.config.checkpointing.partial_rollouts.enabled:
-            # NeMo RL: the live cursor and the ready groups; pending and in-flight prompts are not saved.
-            cut = self._cut(folder, states={GroupState.READY})
-            self.ledger.record_save(cut, stall_ms=0.0)  # the engine never stops
-        else:
-            requested = time.perf_counter()
-            frozen = await self.engine.pause_and_capture()
-            try:
-                # One await-free window: the engine is frozen, and no other coroutine runs until resume().
-                copying = time.perf_counter()
-                self.ledger.capture(frozen.samples)
-                cut = self._cut(folder, states=set(GroupState), engines=frozen.engines)
-                copied = time.perf_counter()
-            finally:
-                await self.engine.resume()
-            resumed = time.perf_counter()
-            self.ledger.record_save(
-                cut,
-                stall_ms=_ms(resumed - requested - frozen.stop_s),
-                pause_ms=_ms(frozen.pause_s),
-                stop_ms=_ms(frozen.stop_s),
-                cut_ms=_ms(copied - copying),
-                resume_ms=_ms(resumed - copied),
-                engine_tokens=frozen.engine_tokens,
-            )
-        writing = time.perf_counter()
+        # Off: what NeMo RL saves, the live cursor and the ready groups; pending and in-flight prompts are not saved.
+        keep = set(GroupState) if self.config.checkpointing.partial_rollouts.enabled else {GroupState.READY}
+        pending = await self.rollouts.save(
+            folder, trainer_step=self.step, policy_version=self.version, states=keep, metadata={"epoch": self.epoch}
+        )
         try:
-            size = await asyncio.to_thread(cut.write)
-            await asyncio.to_thread(checkpoint.commit, folder)
+            await asyncio.to_thread(pending.write, commit=lambda: checkpoint.commit(folder))
         except Exception as exc:  # anything the writer or the disk raises: the run goes on, the last checkpoint stays
             logger.error("checkpoint of step %d not written, the previous one stays: %s", self.step, exc)
-            self.ledger.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
             await asyncio.to_thread(checkpoint.discard, folder)
             return False
-        self.ledger.record_written(cut, write_ms=_ms(time.perf_counter() - writing), bytes=size)
         return True
-
-    def _cut(self, folder: Path, *, states: set[GroupState], engines: dict[str, int] | None = None) -> LedgerCut:
-        metadata: dict[str, Any] = {"epoch": self.epoch}
-        if engines:
-            metadata[ENGINE_HINT] = engines
-        return self.ledger.cut(
-            folder,
-            trainer_step=self.step,
-            policy_version=self.version,
-            fingerprints=self.fingerprints,
-            loader_state=self.loader.state_dict(),
-            states=states,
-            metadata=metadata,
-        )
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000, 3)
 
 
 async def run_training(
@@ -456,8 +372,8 @@ async def run_training(
     Returns:
         A summary: final step, reward per step, ledger counters.
     """
-    from partial_rollout.engine import EngineConfig, EnginePool, cluster
-    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout.engine import EngineConfig, EnginePool, connect_ray
+    from partial_rollout.models import TinyModelSpec, build_tiny_model
 
     if engine is not None and not isinstance(engine, RolloutEngine):
         missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]
@@ -502,7 +418,7 @@ async def run_training(
                 logger.warning("ray.address is ignored: generation.num_engines is 1, which runs in this process")
             engine = await EnginePool.local(engine_config, policy_version=step)
         else:
-            cluster.connect(config.ray.address)
+            connect_ray(config.ray.address)
             engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
     if isinstance(engine, EnginePool):  # an engine that dies hands its requests to the others: the log says so
         engine.failover.on_failover = lambda f: ledger.log(ENGINE_FAILOVER, **f.fields())
@@ -517,7 +433,7 @@ async def run_training(
         elif resume:
             ledger.record_resume(step=0, checkpoint=None)
         else:
-            ledger.record_start(config=config.to_json())
+            loop.rollouts.start(config=config.to_json())
         return await loop.run()
     finally:
         ledger.events.close()

@@ -9,7 +9,7 @@
     ledger.dispatch("e0:17", policy_version=3)
     ledger.finish("e0:17", finished_sample)              # once per sample
     ledger.consume(["e0:17"], step=4)
-    ledger.capture(cut.samples); ledger.save(ckpt_dir, ...)  # at a checkpoint (or cut, resume, write)
+    # a checkpoint: partial_rollout.checkpoint.RolloutCheckpointer cuts the ledger with the engine
     report = audit(run_dir / "events.jsonl")             # lost / duplicated, from the log alone
 """
 

@@ -19,7 +19,8 @@ then ``save_written`` or ``save_failed`` once its file is written or could not b
 and trainer metrics (``log``). :func:`partial_rollout.ledger.audit.audit` turns them into lost and
 duplicated counts.
 
-**Checkpointing** is two steps, so the engine stays frozen only for the first:
+**Checkpointing** is two steps, so the engine stays frozen only for the first (a trainer calls
+neither: :class:`~partial_rollout.checkpoint.RolloutCheckpointer` runs them in order):
 :meth:`WorkLedger.cut` copies the outstanding groups into memory (a :class:`LedgerCut`: cheap, no
 I/O; take it while the engine is paused, with no ``await`` in between), and after the engine
 resumes :meth:`WorkLedger.record_save` logs the ``save`` event and :meth:`LedgerCut.write` encodes,

@@ -164,17 +164,13 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
             ):
                 break
             await asyncio.sleep(0.005)
-        engine_cut = await s.freeze()
-        s.capture(engine_cut.samples)
-        cut = s.ledger.cut(
-            out / "checkpoint", trainer_step=0, policy_version=0, fingerprints=fingerprints, loader_state=None
-        )
-        s.ledger.record_save(cut, stall_s=0.0, engine_pause_s=engine_cut.pause_s)
+        window = await s.checkpointer.freeze()
+        pending = s.cut(window, out / "checkpoint", trainer_step=0, policy_version=0)
         task.cancel()
-        await s.thaw()
+        await window.thaw()
         await asyncio.gather(task, return_exceptions=True)
-        cut.write()
-        return cut
+        pending.write()
+        return pending.cut
 
     async def restart() -> None:
         """What a kill leaves is the snapshot: the engine (still generating the abandoned requests) goes too."""
@@ -207,8 +203,9 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
         # 3. A fresh session on a fresh engine resumes from the snapshot, as a restarted controller does.
         await restart()
         resumed_session = session("resume")
-        snapshot = resumed_session.ledger.load(folder, expect=fingerprints)
-        (again,) = resumed_session.restore(snapshot, in_nemo_buffer=[])
+        restored = await resumed_session.checkpointer.restore(folder, settle=False)  # as the controller does
+        assert restored.snapshot.fingerprints == fingerprints
+        (again,) = resumed_session.restore(restored.snapshot, in_nemo_buffer=[])
         steps = await env_steps()
         resumed = await rollout(resumed_session).run_rollout(again)
         resume_steps = await env_steps() - steps
@@ -218,12 +215,10 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
         opaque_session = session("opaque")
         opaque_session.on_yield("e0:99", datum)
         await rollout(opaque_session, OpaqueEnvironment.remote()).run_rollout({**datum, GROUP_KEY: "e0:99"})
-        engine_cut = await opaque_session.freeze()
-        opaque_session.capture(engine_cut.samples)
-        await opaque_session.thaw()
-        opaque_session.ledger.save(
-            out / "opaque_checkpoint", trainer_step=0, policy_version=0, fingerprints=fingerprints, loader_state=None
-        )
+        window = await opaque_session.checkpointer.freeze()
+        pending = opaque_session.cut(window, out / "opaque_checkpoint", trainer_step=0, policy_version=0)
+        await window.thaw()
+        pending.write()
         reopened = session("opaque_resume")
         again_opaque = reopened.restore(reopened.ledger.load(out / "opaque_checkpoint"), in_nemo_buffer=[])
         opaque_events = list(read_events(out / "opaque_resume" / "events.jsonl"))

@@ -1,0 +1,39 @@
+"""The checkpoint protocol in one object: a trainer saves with two calls and restores with one.
+
+::
+
+    from partial_rollout.checkpoint import RolloutCheckpointer
+
+    ckpt = RolloutCheckpointer(engine, events=run_dir / "events.jsonl", loader=loader)
+    pending = await ckpt.save(folder, trainer_step=step, policy_version=version)
+    await asyncio.to_thread(pending.write)
+    ...
+    restored = await ckpt.restore(folder)   # in the restarted process
+
+:class:`RolloutCheckpointer` owns the ordering (freeze, capture, cut, resume, log, write, log the
+outcome); :mod:`.window` is the frozen window and the pending write; :mod:`.staleness` the one
+definition of what a resume does with work dispatched too long ago.
+"""
+
+from partial_rollout.checkpoint.checkpointer import (
+    Restored,
+    RolloutCheckpointer,
+    SampleOutcome,
+    StatefulLoader,
+)
+from partial_rollout.checkpoint.staleness import ON_STALE_CHOICES, STALE_AT_RESUME, OnStale, apply_on_stale
+from partial_rollout.checkpoint.window import ENGINE_OF_REQUEST, FrozenWindow, PendingSnapshot
+
+__all__ = [
+    "ENGINE_OF_REQUEST",
+    "ON_STALE_CHOICES",
+    "STALE_AT_RESUME",
+    "FrozenWindow",
+    "OnStale",
+    "PendingSnapshot",
+    "Restored",
+    "RolloutCheckpointer",
+    "SampleOutcome",
+    "StatefulLoader",
+    "apply_on_stale",
+]

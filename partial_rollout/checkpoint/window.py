@@ -1,0 +1,221 @@
+"""The save half of a checkpoint: the frozen window in which one cut is taken, and its pending write.
+
+A cut is consistent only if nothing changes between the engine's freeze and the ledger's copy:
+no coroutine may run, so no token arrives, no sample finishes and the loader yields nothing.
+:class:`FrozenWindow` is that stretch of code. :meth:`FrozenWindow.cut` does no I/O and awaits
+nothing; :meth:`FrozenWindow.thaw` lets the engine go on and logs the ``save`` event with the
+stall the engine saw. Only then is anything encoded or written: :meth:`PendingSnapshot.write`
+runs in any thread, fsyncs, lets the trainer commit its checkpoint folder, and logs ``save_written``
+or ``save_failed`` itself, so the previous checkpoint stays the latest whenever a write fails.
+
+Most trainers never see a window: :meth:`RolloutCheckpointer.save` opens, cuts and thaws one.
+A trainer that must read its own state in the same await-free turn as the cut (NeMo RL reads its
+loader cursor inside its own save) opens one with :meth:`RolloutCheckpointer.freeze`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from partial_rollout.engine import Cut
+from partial_rollout.ledger import LedgerCut
+from partial_rollout.snapshot import GroupState, SampleRecord, snapshot_path
+
+if TYPE_CHECKING:
+    from partial_rollout.checkpoint.checkpointer import RolloutCheckpointer
+
+ENGINE_OF_REQUEST = "engine_of_request"
+"""Snapshot ``metadata`` key: which engine of a pool held each request in flight at the cut (request
+id to engine index). A hint for logs only: a resume places every request anew, on however many
+engines it has."""
+ALL_STATES = frozenset(GroupState)
+
+
+class PendingSnapshot:
+    """A checkpoint cut into memory and logged, to be written once (:meth:`write`)."""
+
+    def __init__(self, cut: LedgerCut, checkpointer: RolloutCheckpointer, loop: asyncio.AbstractEventLoop) -> None:
+        self.cut = cut
+        """The ledger's copy of the outstanding work."""
+        self._checkpointer = checkpointer
+        self._loop = loop
+        self._logged = threading.Event()
+        self._written = False
+
+    @property
+    def save_id(self) -> str:
+        """The id of this checkpoint's ``save`` event; a resume from it names it."""
+        return self.cut.save_id
+
+    @property
+    def path(self) -> Path:
+        """The snapshot file :meth:`write` creates."""
+        return self.cut.path
+
+    def write(self, folder: str | os.PathLike[str] | None = None, *, commit: Callable[[], object] | None = None) -> int:
+        """Encode, write and fsync the snapshot, then ``commit``; log the outcome; return the file's size.
+
+        Safe to call from a worker thread (``asyncio.to_thread(pending.write)``): the outcome is
+        logged on the event loop the save ran on.
+
+        Args:
+            folder: write into this folder instead of the one given to the save (a trainer whose
+                framework creates the real checkpoint folder later, e.g. NeMo RL's ``tmp_step_N``).
+            commit: the trainer's own commit of its checkpoint (e.g. renaming ``step_N.tmp`` to
+                ``step_N``), run after the snapshot is on disk; a failure in it counts as a failed save.
+
+        Raises:
+            Whatever the writer, the disk or ``commit`` raised, after ``save_failed`` is logged. The
+            snapshot file is then absent (never half-written) and every earlier checkpoint intact.
+        """
+        if self._written:
+            raise RuntimeError(f"save {self.save_id} was already written")
+        if not self._logged.is_set():
+            if _running_loop() is self._loop:
+                raise RuntimeError(f"save {self.save_id}: thaw() its window before writing it")
+            self._logged.wait()  # the save event must precede its outcome in the log
+        self._written = True
+        if folder is not None:
+            self.cut.path = snapshot_path(folder)
+        ledger = self._checkpointer.ledger
+        started = time.perf_counter()
+        try:
+            size = self.cut.write()
+            if commit is not None:
+                commit()
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self._report(lambda: ledger.record_save_failed(self.cut, error=error))
+            raise
+        write_ms = _ms(time.perf_counter() - started)
+        self._report(lambda: ledger.record_written(self.cut, write_ms=write_ms, bytes=size))
+        return size
+
+    def _report(self, log: Callable[[], None]) -> None:
+        """Run ``log`` on the save's event loop (directly when already there or when that loop is gone)."""
+        if self._loop.is_closed() or _running_loop() is self._loop:
+            log()
+        else:
+            self._loop.call_soon_threadsafe(log)
+
+
+class FrozenWindow:
+    """The engine frozen for one cut (or, for a save that keeps no in-flight work, not frozen at all)."""
+
+    def __init__(self, checkpointer: RolloutCheckpointer, engine_cut: Cut | None, requested: float) -> None:
+        self.engine_cut = engine_cut
+        """What the engine held at the freeze (``None``: the engine was not frozen)."""
+        self._checkpointer = checkpointer
+        self._requested = requested
+        self._pending: PendingSnapshot | None = None
+        self._cut_ms = 0.0
+        self._thawed = False
+
+    def cut(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        trainer_step: int,
+        policy_version: int,
+        states: Collection[GroupState] = ALL_STATES,
+        metadata: Mapping[str, Any] | None = None,
+        samples: Mapping[str, SampleRecord] | None = None,
+    ) -> PendingSnapshot:
+        """Copy the outstanding work into memory, with the loader's cursor read now; awaits nothing.
+
+        Args:
+            folder: the checkpoint folder the snapshot goes into.
+            trainer_step: the training step the checkpoint is of.
+            policy_version: the policy version at the cut.
+            states: the group states to save (all of them; a baseline that keeps what trainers
+                keep today passes ``{GroupState.READY}``).
+            metadata: the trainer's own JSON-native values, stored in the snapshot.
+            samples: the engine-side record of each request, by request id, when the trainer
+                knows more than the engine (NeMo RL holds generations returned to it and not yet
+                stepped by an environment); default: the engine's cut.
+
+        Raises:
+            RuntimeError: a request the checkpointer submitted and that has not returned is
+                missing from the engine's cut (its tokens would be lost), or the window was cut
+                or thawed already.
+        """
+        if self._pending is not None or self._thawed:
+            raise RuntimeError("a window holds one cut, taken before thaw()")
+        ckpt = self._checkpointer
+        copying = time.perf_counter()
+        extra = dict(metadata or {})
+        if self.engine_cut is not None:
+            captured = self.engine_cut.samples if samples is None else samples
+            missing = sorted(ckpt.running - set(captured))
+            if missing:
+                raise RuntimeError(
+                    f"the engine's cut lacks {len(missing)} running request(s) {missing[:5]}: their tokens"
+                    " would be lost; the engine does not capture every request it was given"
+                )
+            ckpt.ledger.capture(captured)
+            if self.engine_cut.engines:
+                extra[ENGINE_OF_REQUEST] = dict(self.engine_cut.engines)
+        loader_state = None if ckpt.loader is None else ckpt.loader.state_dict()
+        cut = ckpt.ledger.cut(
+            folder,
+            trainer_step=trainer_step,
+            policy_version=policy_version,
+            fingerprints=ckpt.known_fingerprints(),
+            loader_state=loader_state,
+            states=states,
+            metadata=extra,
+        )
+        ckpt._cut_taken(cut)
+        self._cut_ms = _ms(time.perf_counter() - copying)
+        self._pending = PendingSnapshot(cut, ckpt, asyncio.get_running_loop())
+        return self._pending
+
+    async def thaw(self) -> None:
+        """Let the engine and gated requests go on, then log the ``save`` event with the engine's stall.
+
+        The stall is what the engine stood idle for because of the save: from the freeze request
+        until it runs again, less the decode step it was finishing when asked (``stop_ms``).
+        """
+        if self._thawed:
+            return
+        self._thawed = True
+        ckpt, frozen = self._checkpointer, self.engine_cut
+        thawing = time.perf_counter()
+        try:
+            if frozen is not None:
+                await ckpt._resume()
+        finally:
+            pending = self._pending
+            if pending is not None:
+                try:
+                    timings: dict[str, Any] = {"stall_ms": 0.0}
+                    if frozen is not None:
+                        resumed = time.perf_counter()
+                        timings = {
+                            "stall_ms": _ms(resumed - self._requested - frozen.stop_s),
+                            "pause_ms": _ms(frozen.pause_s),
+                            "stop_ms": _ms(frozen.stop_s),
+                            "cut_ms": self._cut_ms,
+                            "resume_ms": _ms(resumed - thawing),
+                            "engine_tokens": frozen.engine_tokens,
+                        }
+                    ckpt.ledger.record_save(pending.cut, **timings)
+                finally:
+                    pending._logged.set()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
