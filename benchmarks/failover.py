@@ -42,7 +42,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from partial_rollout.engine import Delta, EngineConfig, EnginePool, Failover
+from partial_rollout.engine import Delta, EngineConfig
+from partial_rollout.pool import EnginePool, Failover
 from partial_rollout.snapshot import SampleRecord, SamplingSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -117,11 +117,12 @@ def frozen_window(snapshot: Snapshot, repeats: int) -> dict[str, Any]:
         ledger.dispatch(group.group_id, group.dispatch_version)
         for sample in group.samples:
             versions = sample.versions
-            change = int(np.argmax(versions != versions[0])) if versions[0] != versions[-1] else len(versions)
-            starts = [(int(versions[0]), 0)] + ([(int(versions[-1]), change)] if change < len(versions) else [])
-            req = LiveRequest(index=sample.index, sampling=sample.sampling, base=None, version_starts=starts)
+            req = LiveRequest(index=sample.index, sampling=sample.sampling, base=None, policy_version=int(versions[0]))
+            if versions[0] != versions[-1]:  # the weight update half-way through
+                req.mark_version(int(versions[-1]))
             req.token_ids.frombytes(sample.token_ids.tobytes())
             req.logprobs.frombytes(sample.logprobs.tobytes())
+            req.versions.frombytes(versions.tobytes())
             live[request_id(group.group_id, sample.index)] = (req, sample.sampler_state)
     cut: dict[str, SampleRecord] = {}
 

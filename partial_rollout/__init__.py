@@ -17,15 +17,16 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from partial_rollout.checkpoint import Restored, RolloutCheckpointer
-    from partial_rollout.engine import EngineConfig, EnginePool, RolloutEngine
+    from partial_rollout.engine import EngineConfig, RolloutEngine
     from partial_rollout.ledger import audit
+    from partial_rollout.pool import EnginePool
     from partial_rollout.snapshot import GroupState, SamplingSpec
 
 _EXPORTS = {
     "RolloutCheckpointer": "partial_rollout.checkpoint",
     "Restored": "partial_rollout.checkpoint",
     "EngineConfig": "partial_rollout.engine",
-    "EnginePool": "partial_rollout.engine",
+    "EnginePool": "partial_rollout.pool",
     "RolloutEngine": "partial_rollout.engine",
     "GroupState": "partial_rollout.snapshot",
     "SamplingSpec": "partial_rollout.snapshot",

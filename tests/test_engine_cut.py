@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from partial_rollout.engine import Capabilities, EngineConfig, ResumableEngine, exactness
+from partial_rollout.engine import Capabilities, Delta, EngineConfig, ResumableEngine, exactness
 from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.vllm_internals import SamplerKind
@@ -34,12 +34,23 @@ EXACT = Capabilities(exact=True, verified_cut=True, fast_pause=True)
 STATE = b"\x01" * 16
 
 
+def _versions(tokens: int, starts: list[tuple[int, int]]) -> list[int]:
+    """The version of each of ``tokens`` tokens, given ``(version, first token)`` of each stretch."""
+    ends = [start for _, start in starts[1:]] + [tokens]
+    return [version for (version, start), end in zip(starts, ends, strict=True) for _ in range(start, end)]
+
+
 def _live(
     tokens: int, *, starts: list[tuple[int, int]], base: SampleRecord | None = None, index: int = 2
 ) -> LiveRequest:
-    req = LiveRequest(index=index, sampling=SPEC, base=base, version_starts=starts)
-    req.token_ids.extend(range(10, 10 + tokens))
-    req.logprobs.extend([-0.25] * tokens)
+    """A request that generated ``tokens`` tokens, with a weight update at each stretch's first token."""
+    req = LiveRequest(index=index, sampling=SPEC, base=base, policy_version=starts[0][0])
+    for i, (version, start) in enumerate(starts):
+        if i:
+            req.mark_version(version)
+        end = starts[i + 1][1] if i + 1 < len(starts) else tokens
+        ids = list(range(10 + start, 10 + end))
+        req.add(Delta(token_ids=ids, logprobs=[-0.25] * len(ids), versions=[req.policy_version] * len(ids)))
     return req
 
 
@@ -52,14 +63,16 @@ PREFIX = SampleRecord(
     versions=[1, 1, 1],
     sampler_state=STATE,
 )
-CASES = {
-    "fresh": _live(5, starts=[(3, 0)]),
-    "across an update": _live(5, starts=[(3, 0), (4, 2)]),
-    "resumed": _live(4, starts=[(1, 0)], base=PREFIX),
-    "resumed under a newer version": _live(4, starts=[(2, 0)], base=PREFIX),
-    "resumed, not yet scheduled": _live(0, starts=[(1, 0)], base=PREFIX),
-    "resumed, then an update": _live(4, starts=[(1, 0), (2, 1)], base=PREFIX),
+STARTS = {
+    "fresh": (5, [(3, 0)], None),
+    "across an update": (5, [(3, 0), (4, 2)], None),
+    "resumed": (4, [(1, 0)], PREFIX),
+    "resumed under a newer version": (4, [(2, 0)], PREFIX),
+    "resumed, not yet scheduled": (0, [(1, 0)], PREFIX),
+    "resumed, then an update": (4, [(1, 0), (2, 1)], PREFIX),
 }
+"""Each case's tokens generated, ``(policy version, first token)`` of each stretch, and saved prefix."""
+CASES = {name: _live(tokens, starts=starts, base=base) for name, (tokens, starts, base) in STARTS.items()}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -75,9 +88,8 @@ def test_a_cut_record_is_what_the_checked_constructor_makes(name: str) -> None:
     # The stitched prefix, the versions per token, and why it cannot continue exactly, if so.
     prefix = [] if req.base is None else req.base.token_ids.tolist()
     assert record.token_ids.tolist() == prefix + list(range(10, 10 + len(req.token_ids)))
-    assert (
-        record.versions.tolist() == ([] if req.base is None else [1, 1, 1]) + req.versions(len(req.token_ids)).tolist()
-    )
+    tokens, starts, _ = STARTS[name]
+    assert record.versions.tolist() == ([] if req.base is None else [1, 1, 1]) + _versions(tokens, starts)
     expected = {
         "fresh": None,
         "across an update": exactness.version_mix(3, 4, 4),

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 
 from benchmarks.failover import Attempt, until_delivered, watch
-from partial_rollout.engine import Delta, EngineConfig, EnginePool, NoEngineLeftError
-from partial_rollout.engine.failover import ENGINE_DIED, Failover, Received, Tracker
+from partial_rollout.engine import Accumulated, Delta, EngineConfig
 from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, audit, read_events, request_id
+from partial_rollout.pool import EnginePool, NoEngineLeftError
+from partial_rollout.pool.failover import ENGINE_DIED, Failover, Tracker, held, resume_from
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 SEEDED = SamplingSpec(max_tokens=50, temperature=1.0, seed=4, ignore_eos=True)
@@ -37,18 +38,18 @@ def _delta(tokens: list[int], version: int = 0) -> Delta:
 
 
 def test_received_prefix_continues_from_every_token_received() -> None:
-    received = Received(index=2, sampling=SEEDED, base=None)
-    assert received.resume_from() is None  # nothing drawn yet: a fresh start from the seed is exact
-    assert received.record().state is SampleState.NOT_STARTED
+    received = Accumulated(index=2, sampling=SEEDED, base=None)
+    assert resume_from(received) is None  # nothing drawn yet: a fresh start from the seed is exact
+    assert held(received).state is SampleState.NOT_STARTED
     received.add(Delta.join([_delta([5, 6]), _delta([7], version=1)]))
-    record = received.record()
+    record = held(received)
     assert record.index == 2 and record.state is SampleState.IN_FLIGHT
     assert record.token_ids.tolist() == [5, 6, 7] and record.versions.tolist() == [0, 0, 1]
     assert record.sampler_state is None and ENGINE_DIED in (record.inexact or "")
 
-    greedy = Received(index=0, sampling=GREEDY, base=None)
+    greedy = Accumulated(index=0, sampling=GREEDY, base=None)
     greedy.add(_delta([9]))
-    assert greedy.record().inexact is None  # greedy needs no generator: still exact
+    assert held(greedy).inexact is None  # greedy needs no generator: still exact
 
 
 def test_received_after_a_resume_keeps_the_saved_prefix_and_its_sampler_state_until_a_draw() -> None:
@@ -61,10 +62,10 @@ def test_received_after_a_resume_keeps_the_saved_prefix_and_its_sampler_state_un
         versions=[0, 0],
         sampler_state=b"state",
     )
-    received = Received(index=1, sampling=SEEDED, base=base)
-    assert received.resume_from() is base  # nothing drawn since: the saved generator state still holds
+    received = Accumulated(index=1, sampling=SEEDED, base=base)
+    assert resume_from(received) is base  # nothing drawn since: the saved generator state still holds
     received.add(_delta([3]))
-    record = received.record()
+    record = held(received)
     assert record.token_ids.tolist() == [1, 2, 3] and record.logprobs.tolist() == [-1.0, -2.0, -0.5]
     assert record.sampler_state is None and record.inexact
 
@@ -78,7 +79,7 @@ def test_tracker_reports_one_failover_once_every_request_of_the_engine_moved() -
     tracker = Tracker()
     reports: list[Failover] = []
     tracker.on_failover = reports.append
-    a, b, c = (Received(index=0, sampling=GREEDY, base=None) for _ in range(3))
+    a, b, c = (Accumulated(index=0, sampling=GREEDY, base=None) for _ in range(3))
     a.add(_delta([1, 2]))
     tracker.hold(0, "a", a)
     tracker.hold(0, "b", b)
@@ -107,7 +108,7 @@ def test_tracker_with_no_engine_left_reports_every_dead_engine_at_once() -> None
     reports: list[Failover] = []
     tracker.on_failover = reports.append
     for rid in ("a", "b", "c"):
-        tracker.hold(0 if rid != "c" else 1, rid, Received(index=0, sampling=GREEDY, base=None))
+        tracker.hold(0 if rid != "c" else 1, rid, Accumulated(index=0, sampling=GREEDY, base=None))
     tracker.lost(0, "a", RuntimeError("gone"))
     tracker.died(1, RuntimeError("gone too"))
     tracker.strand()  # "b" and "c" have not noticed yet: they never will on their own before the trainer stops

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partial_rollout.engine import EngineConfig, EnginePool, ResumableEngine
+from partial_rollout.engine import EngineConfig, ResumableEngine
 from partial_rollout.engine.factory import make_async_engine
 from partial_rollout.engine.resumable import with_worker_hooks
+from partial_rollout.pool import EnginePool
 from partial_rollout.snapshot import SampleState, SamplingSpec
 
 pytestmark = [pytest.mark.engine, pytest.mark.ray]

@@ -157,7 +157,8 @@ def test_engine_core_in_a_ray_actor_exits_when_the_actor_is_killed(
     tiny_llama: Path, loop_thread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ray = pytest.importorskip("ray")
-    from partial_rollout.engine import EngineConfig, EnginePool
+    from partial_rollout.engine import EngineConfig
+    from partial_rollout.pool import EnginePool
     from partial_rollout.snapshot import SamplingSpec
 
     # Ray 2.60 on Linux also ends a dead worker's process group (and, optionally, its children); switch

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from partial_rollout.engine import cluster
 from partial_rollout.errors import EXIT_BAD_INPUT, ConfigError
+from partial_rollout.pool import cluster
 
 pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[1]

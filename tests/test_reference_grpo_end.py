@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig
 from partial_rollout.ledger import EVENTS_FILENAME, EventLog, WorkLedger, audit, read_events
+from partial_rollout.pool import EnginePool
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, checkpoint, load_config, run_training, task
 from partial_rollout_integrations.reference_grpo.policy import Policy

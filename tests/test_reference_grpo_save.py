@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig
 from partial_rollout.engine.protocol import Capabilities, Cut, Progress
 from partial_rollout.ledger import EVENTS_FILENAME, audit, read_events
+from partial_rollout.pool import EnginePool
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec, load_snapshot
 from partial_rollout.snapshot import container as snapshot_container
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config, run_training

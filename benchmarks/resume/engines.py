@@ -207,8 +207,9 @@ async def elastic(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from partial_rollout.engine import EngineConfig, EnginePool, connect_ray
+    from partial_rollout.engine import EngineConfig
     from partial_rollout.models import TinyModelSpec, build_tiny_model
+    from partial_rollout.pool import EnginePool, connect_ray
 
     model = args.model or str(build_tiny_model(TinyModelSpec(arch="llama")))
     config = EngineConfig(

@@ -36,8 +36,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import partial_rollout
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig
 from partial_rollout.errors import ConfigError
+from partial_rollout.pool import EnginePool
 from partial_rollout_integrations.nemo_rl.generation import EngineGeneration
 from partial_rollout_integrations.nemo_rl.session import GenerationSettings
 

@@ -47,16 +47,9 @@ import ray
 from nemo_rl.distributed.worker_group_utils import get_nsight_config_if_pattern_matches
 from nemo_rl.models.generation.vllm.vllm_worker_async import VllmAsyncGenerationWorkerImpl
 
-from partial_rollout.engine import (
-    Cut,
-    EngineConfig,
-    EnginePool,
-    RemoteEngine,
-    ResumableEngine,
-    WorkerHooks,
-    with_worker_hooks,
-)
+from partial_rollout.engine import Cut, EngineConfig, ResumableEngine, WorkerHooks, with_worker_hooks
 from partial_rollout.errors import ConfigError
+from partial_rollout.pool import EnginePool, RemoteEngine
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.generation import EngineGeneration
@@ -180,7 +173,7 @@ class PartialRolloutVllmWorkerImpl(VllmAsyncGenerationWorkerImpl):  # type: igno
         return self._engine().policy_version
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """:class:`~partial_rollout.engine.RemoteEngine`'s entry point: one of :data:`ENGINE_METHODS`."""
+        """:class:`~partial_rollout.pool.RemoteEngine`'s entry point: one of :data:`ENGINE_METHODS`."""
         if method not in ENGINE_METHODS:
             raise ValueError(
                 f"{method!r} is not callable on a NeMo RL worker's engine; allowed: {sorted(ENGINE_METHODS)}"

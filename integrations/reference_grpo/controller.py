@@ -50,9 +50,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 
 from partial_rollout.checkpoint import RolloutCheckpointer
-from partial_rollout.engine import NoEngineLeftError, RolloutEngine
+from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger
+from partial_rollout.pool import NoEngineLeftError
 from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
@@ -372,8 +373,9 @@ async def run_training(
     Returns:
         A summary: final step, reward per step, ledger counters.
     """
-    from partial_rollout.engine import EngineConfig, EnginePool, connect_ray
+    from partial_rollout.engine import EngineConfig
     from partial_rollout.models import TinyModelSpec, build_tiny_model
+    from partial_rollout.pool import EnginePool, connect_ray
 
     if engine is not None and not isinstance(engine, RolloutEngine):
         missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]

@@ -68,40 +68,24 @@ def in_flight_record(
         sampler_state = req.base.sampler_state  # resumed but not yet scheduled: nothing drawn since
     if req.sampling.is_greedy or req.sampling.seed is None or not capabilities.exact:
         sampler_state = None
-    tokens, logprobs, versions, inexact = req.stitched(count)
     reason = (
-        inexact
-        or exactness.inexact_reason(
-            req.sampling,
-            num_tokens=consumed,
-            sampler_state=sampler_state,
-            capture_unsupported=capabilities.reason,
-        )
+        req.prefix_inexact()
+        or req.inexact(count, sampler_state=sampler_state, why_no_state=capabilities.reason)
         or _spanned_update(req)
     )
-    return SampleRecord.unchecked(
-        index=req.index,
-        state=SampleState.IN_FLIGHT,
-        sampling=req.sampling,
-        token_ids=tokens,
-        logprobs=logprobs,
-        versions=versions,
-        sampler_state=sampler_state,
-        inexact=reason,
-    )
+    return req.record(SampleState.IN_FLIGHT, count, inexact=reason, sampler_state=sampler_state, checked=False)
 
 
 def _spanned_update(req: LiveRequest) -> str | None:
     """The version mix of a request that ran across a weight update: its KV was computed under more than
     one policy (its prompt's under the first, which no token's version shows), and a resume re-prefills
     all of it under one."""
-    if len(req.version_starts) < 2:
+    if len(req.weights) < 2:
         return None
-    weights = [version for version, _ in req.version_starts]
-    lo, hi = min(weights), max(weights)
+    lo, hi = min(req.weights), max(req.weights)
     if lo == hi:
         return None
     prefix = req.base.versions if req.base is not None else None
     if prefix is not None and len(prefix):  # this engine's own tokens carry versions among ``weights``
         lo, hi = min(lo, int(prefix.min())), max(hi, int(prefix.max()))
-    return exactness.version_mix(lo, hi, weights[-1])
+    return exactness.version_mix(lo, hi, req.weights[-1])

@@ -1,48 +1,67 @@
 """A request in flight on one engine: what it has produced so far, and under which policy versions.
 
-The engine adapter appends each streamed delta here. The same buffers answer three questions: the
+The engine adapter appends each streamed delta here (an :class:`~partial_rollout.engine.accumulated.Accumulated`
+of the request's saved prefix and its own tokens). The same buffers answer three questions: the
 finished record at the end of a generation, the in-flight record at a cut, and the progress
 counters. Policy versions are tracked here rather than read from vLLM: every weight update pauses
-the engine and waits until all outputs produced before it have arrived, so the number of tokens a
-request holds at that moment is exactly where the new version starts.
+the engine and waits until all outputs produced before it have arrived, so every token appended
+after an update is the new version's.
 """
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
-
-import numpy as np
-
 from partial_rollout.engine import exactness
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.engine.stops import StopScan
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
 
 
-@dataclass
-class LiveRequest:
+class LiveRequest(Accumulated):
     """One request this engine was asked to generate and has not yet returned."""
 
-    index: int
-    """Position of the sample in its group; every record built from this request carries it."""
-    sampling: SamplingSpec
-    base: SampleRecord | None
-    """The saved prefix this request continues, if it is a resume."""
-    version_starts: list[tuple[int, int]]
-    """``(policy version, first token index)`` of each stretch of this engine's tokens, oldest first."""
-    token_ids: array[int] = field(default_factory=lambda: array("i"))
-    """Typed buffers (int32, float32), not lists: a cut copies them into numpy without a per-token
-    conversion, which keeps the engine's pause short when hundreds of long samples are in flight."""
-    logprobs: array[float] = field(default_factory=lambda: array("f"))
-    finished: SampleRecord | None = None
-    scan: StopScan | None = None
-    """For a resumed request with stop strings: the stop scan of the whole completion, already past
-    the prefix. vLLM matches stop strings within this request's output only, so one that began in
-    the prefix is found here."""
+    def __init__(
+        self,
+        *,
+        index: int,
+        sampling: SamplingSpec,
+        base: SampleRecord | None,
+        policy_version: int,
+        scan: StopScan | None = None,
+    ) -> None:
+        super().__init__(index=index, sampling=sampling, base=base)
+        self.weights = [policy_version]
+        """Policy versions this engine ran the request under, oldest first: the one it was submitted
+        under, then one per weight update since (an update may come before any token of its own)."""
+        self.finished: SampleRecord | None = None
+        self.scan = scan
+        """For a resumed request with stop strings: the stop scan of the whole completion, already past
+        the prefix. vLLM matches stop strings within this request's output only, so one that began in
+        the prefix is found here."""
+
+    @property
+    def policy_version(self) -> int:
+        """The version that samples this request's next tokens."""
+        return self.weights[-1]
 
     def mark_version(self, version: int) -> None:
         """Tokens from now on are sampled by ``version`` (called while the engine is paused and drained)."""
-        self.version_starts.append((version, len(self.token_ids)))
+        self.weights.append(version)
+
+    def prefix_inexact(self) -> str | None:
+        """Why the saved prefix cannot continue exactly: its own reason, or the policy versions it mixes
+        when this engine re-prefilled it under another."""
+        if self.base is None:
+            return None
+        prefix, now = self.base.versions, self.weights[0]
+        if self.base.inexact is None and len(prefix) and (prefix.min() != prefix.max() or int(prefix[-1]) != now):
+            return exactness.version_mix(int(prefix.min()), int(prefix.max()), now)
+        return self.base.inexact
+
+    def finish(self, n: int, *, finish_reason: str, stop_reason: int | str | None) -> SampleRecord:
+        """The finished record: the saved prefix stitched with the first ``n`` tokens this engine generated."""
+        return self.record(
+            SampleState.FINISHED, n, inexact=self.prefix_inexact(), finish_reason=finish_reason, stop_reason=stop_reason
+        )
 
     def stitched_end(self, new: int) -> SampleRecord | None:
         """The finished record if one of the ``new`` tokens just appended ends the stitched completion."""
@@ -52,59 +71,5 @@ class LiveRequest:
         for i in range(first, len(self.token_ids)):
             end = self.scan.push(self.token_ids[i])
             if end is not None:
-                return self.record(SampleState.FINISHED, i + 1, finish_reason=end[0], stop_reason=end[1])
+                return self.finish(i + 1, finish_reason=end[0], stop_reason=end[1])
         return None
-
-    def versions(self, n: int) -> np.ndarray:
-        """Policy version of each of the first ``n`` tokens this engine generated."""
-        out = np.empty(n, dtype=np.int32)
-        if len(self.version_starts) == 1:
-            out.fill(self.version_starts[0][0])
-            return out
-        ends = [start for _, start in self.version_starts[1:]] + [n]
-        for (version, start), end in zip(self.version_starts, ends, strict=True):
-            out[min(start, n) : min(end, n)] = version
-        return out
-
-    def stitched(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str | None]:
-        """Token ids, logprobs and versions of the saved prefix (if any) followed by the first ``n``
-        tokens this engine generated (copies: the buffers go on growing), and why the prefix cannot
-        continue exactly, if so."""
-        tokens = np.frombuffer(self.token_ids, dtype=np.int32, count=n).copy()
-        logprobs = np.frombuffer(self.logprobs, dtype=np.float32, count=n).copy()
-        versions = self.versions(n)
-        inexact = None
-        if self.base is not None:
-            prefix = self.base.versions
-            inexact = self.base.inexact
-            now = self.version_starts[0][0]
-            if inexact is None and len(prefix) and (prefix.min() != prefix.max() or int(prefix[-1]) != now):
-                inexact = exactness.version_mix(int(prefix.min()), int(prefix.max()), now)
-            tokens = np.concatenate([self.base.token_ids, tokens])
-            logprobs = np.concatenate([self.base.logprobs, logprobs])
-            versions = np.concatenate([prefix, versions])
-        return tokens, logprobs, versions, inexact
-
-    def record(
-        self,
-        state: SampleState,
-        n: int,
-        *,
-        finish_reason: str | None = None,
-        stop_reason: int | str | None = None,
-        sampler_state: bytes | None = None,
-    ) -> SampleRecord:
-        """The saved prefix (if any) stitched with the first ``n`` tokens this engine generated."""
-        tokens, logprobs, versions, inexact = self.stitched(n)
-        return SampleRecord(
-            index=self.index,
-            state=state,
-            sampling=self.sampling,
-            token_ids=tokens,
-            logprobs=logprobs,
-            versions=versions,
-            inexact=inexact,
-            finish_reason=finish_reason,
-            stop_reason=stop_reason,
-            sampler_state=sampler_state,
-        )

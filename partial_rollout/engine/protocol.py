@@ -2,8 +2,8 @@
 
 A trainer talks to an engine only through :class:`RolloutEngine`. Every method is a coroutine, so
 the same trainer code drives an engine in this process, an engine inside a Ray actor on another
-node (:class:`~partial_rollout.engine.pool.RemoteEngine`), or a pool of them
-(:class:`~partial_rollout.engine.pool.EnginePool`). Everything that crosses the interface is plain
+node (:class:`~partial_rollout.pool.RemoteEngine`), or a pool of them
+(:class:`~partial_rollout.pool.EnginePool`). Everything that crosses the interface is plain
 data (records, dataclasses of numbers and strings) so it pickles for Ray and says nothing about
 which engine produced it: a cut taken on N engines resumes on M.
 """
@@ -78,7 +78,7 @@ class Delta:
     """Tokens one request produced since the last delta, as the engine received them from vLLM.
 
     An engine in a Ray actor streams these to the pool while it generates, so the trainer's
-    process holds every request's prefix if the actor dies (:mod:`~partial_rollout.engine.failover`).
+    process holds every request's prefix if the actor dies (:mod:`~partial_rollout.pool.failover`).
     """
 
     token_ids: list[int]

@@ -5,7 +5,7 @@ This class only orchestrates. What a request has produced and under which policy
 continuing from a prefix in :mod:`~partial_rollout.engine.continuation`; every private vLLM
 attribute, and the start-up probe that decides what may be used, in
 :mod:`~partial_rollout.engine.vllm_internals`. The same class runs inside a Ray actor
-(:mod:`partial_rollout.engine.pool`).
+(:mod:`partial_rollout.pool`).
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ class ResumableEngine:
             index=index,
             sampling=sampling,
             base=base,
-            version_starts=[(self._policy_version, 0)],
+            policy_version=self._policy_version,
             scan=scan if scan is not None and scan.reads_text else None,
         )
         params = continuation.to_vllm_params(
@@ -286,23 +286,21 @@ class ResumableEngine:
                 async for out in stream:
                     completion = out.outputs[0]
                     new = completion.token_ids
-                    req.token_ids.extend(new)
                     self._tokens_received += len(new)
                     if new:
                         if completion.logprobs is None or len(completion.logprobs) != len(new):
                             raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
                         logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True)]
-                        req.logprobs.extend(logprobs)
+                        delta = Delta(token_ids=list(new), logprobs=logprobs, versions=[req.policy_version] * len(new))
+                        req.add(delta)
                         if on_delta is not None:
-                            version = req.version_starts[-1][0]
-                            on_delta(Delta(token_ids=list(new), logprobs=logprobs, versions=[version] * len(new)))
+                            on_delta(delta)
                     stitched = req.stitched_end(len(new))
                     if stitched is not None:  # a stop string begun in the prefix, which vLLM cannot see
                         req.finished = stitched
                         break
                     if out.finished:
-                        req.finished = req.record(
-                            SampleState.FINISHED,
+                        req.finished = req.finish(
                             len(req.token_ids),
                             finish_reason=str(completion.finish_reason),
                             stop_reason=completion.stop_reason,

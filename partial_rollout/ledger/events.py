@@ -76,7 +76,7 @@ the audit's reward curve, and the kill harness's measure of progress."""
 ENGINE_FAILOVER = "engine_failover"
 """``kind`` of the :attr:`EventKind.LOG` event a trainer writes when an engine died and its requests moved
 to the engines left (``engine``, ``requests``, ``tokens_carried``, ``carried`` per request, ``error``:
-:meth:`partial_rollout.engine.failover.Failover.fields`)."""
+:meth:`partial_rollout.pool.Failover.fields`)."""
 
 
 class EventLog:

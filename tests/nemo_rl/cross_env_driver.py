@@ -1,7 +1,7 @@
 """A Ray driver for NeMo RL's controller environment whose engine actors run in the project's ``.venv``.
 
 Run with ``.venv-nemo-rl/bin/python cross_env_driver.py ENGINE_PYTHON MODEL_DIR``. It starts a
-local Ray cluster, one plain actor and one :class:`~partial_rollout.engine.EnginePool` engine, both
+local Ray cluster, one plain actor and one :class:`~partial_rollout.pool.EnginePool` engine, both
 with ``runtime_env={"py_executable": ENGINE_PYTHON}``, and prints one JSON line: what each side
 imported and how long each step took. ``test_nemo_rl_env.py`` runs it; it is a script, not a test,
 because it must run under the controller's interpreter.
@@ -19,7 +19,8 @@ from typing import Any
 import ray
 import transformers
 
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig
+from partial_rollout.pool import EnginePool
 from partial_rollout.snapshot import SamplingSpec
 
 

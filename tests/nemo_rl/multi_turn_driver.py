@@ -22,8 +22,9 @@ import torch
 from nemo_rl.experience.rollout_manager import AsyncRolloutImpl
 from transformers import AutoTokenizer
 
-from partial_rollout.engine import EngineConfig, EnginePool
+from partial_rollout.engine import EngineConfig
 from partial_rollout.ledger import read_events, request_id
+from partial_rollout.pool import EnginePool
 from partial_rollout_integrations.nemo_rl.config import PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.cpu import LIBRARY_ROOT, TASK, ParityEnvironment, PromptSet, tiny_model
 from partial_rollout_integrations.nemo_rl.generation import EngineGeneration

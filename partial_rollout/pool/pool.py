@@ -1,13 +1,13 @@
 """N engines behind one :class:`RolloutEngine`: in this process, or each inside a Ray actor.
 
 NeMo RL and verl run vLLM engines as Ray actors; a laptop runs one engine in-process. Both are the
-same code path here: every engine is a :class:`~partial_rollout.engine.resumable.ResumableEngine`
+same code path here: every engine is a :class:`~partial_rollout.engine.ResumableEngine`
 (inside an actor, :class:`RemoteEngine` forwards each declared method to it), and the pool spreads
 requests over the engines by least outstanding work. A cut is a cut of every engine; its samples
 are engine-agnostic (prefix, logprobs, versions, sampler state), so a resume may use any number of
 engines: N at the save, M at the resume. A Ray-actor engine streams each request's tokens to the
 pool as it generates them, so when its actor dies the pool continues its requests on the engines
-left from the tokens received (:mod:`~partial_rollout.engine.failover`).
+left from the tokens received (:mod:`~partial_rollout.pool.failover`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,17 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from partial_rollout.engine import cluster, failover
-from partial_rollout.engine.factory import EngineConfig
-from partial_rollout.engine.protocol import Capabilities, Cut, Delta, Progress, RolloutEngine
-from partial_rollout.engine.resumable import ResumableEngine
+from partial_rollout.engine import (
+    Accumulated,
+    Capabilities,
+    Cut,
+    Delta,
+    EngineConfig,
+    Progress,
+    ResumableEngine,
+    RolloutEngine,
+)
+from partial_rollout.pool import cluster, failover
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
 T = TypeVar("T")
@@ -202,7 +209,7 @@ class EnginePool:
             failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
                 and in :meth:`pause_and_capture`'s cut, as are those of requests cancelled since).
         """
-        received = failover.Received(index=index, sampling=sampling, base=resume_from)
+        received = Accumulated(index=index, sampling=sampling, base=resume_from)
         while True:
             # what is left of the budget: a request moved after a failover brings the tokens received
             work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens) - received.num_tokens
@@ -212,7 +219,7 @@ class EnginePool:
                 raise failover.NoEngineLeftError(
                     f"{request_id}: all {len(self.engines)} engines of the pool have died"
                     f" ({'; '.join(self.failover.dead.values())}); save a checkpoint and restart with working engines",
-                    received.record(),
+                    failover.held(received),
                 )
             i = min(alive, key=self._outstanding.__getitem__)
             engine = self.engines[i]
@@ -225,7 +232,7 @@ class EnginePool:
                     )
                 self.failover.hold(i, request_id, received)
                 items = engine.stream(
-                    request_id, prompt_token_ids, sampling, index=index, resume_from=received.resume_from()
+                    request_id, prompt_token_ids, sampling, index=index, resume_from=failover.resume_from(received)
                 )
                 record = await failover.follow(items, received)
                 self.failover.release(request_id)

@@ -1,30 +1,27 @@
 """An engine that dies mid-run loses no tokens: its requests continue on the engines that survive.
 
 An engine in a Ray actor streams each request's new tokens to the pool while it generates
-(:meth:`RemoteEngine.stream`), so the trainer's process always holds what every request has produced so far:
-token ids, behaviour logprobs and policy versions (:class:`Received`). When the actor dies (a lost
+(:meth:`RemoteEngine.stream`), so the trainer's process always holds what every request has
+produced so far: token ids, behaviour logprobs and policy versions, accumulated after the prefix
+it was submitted with (:class:`~partial_rollout.engine.Accumulated`). When the actor dies (a lost
 node, an out-of-memory kill, ``ray.kill``), the pool resubmits each of its requests to a surviving
-engine with that prefix as ``resume_from``. The generator state died with the engine, so a seeded
-sample continues from a fresh generator and is declared inexact (:meth:`Received.continuation`);
-greedy samples stay exact. No token the trainer received is generated twice; tokens the dead
+engine with that prefix as ``resume_from`` (:func:`held`). The generator state died with the
+engine, so a seeded sample continues from a fresh generator and is declared inexact; greedy
+samples stay exact. No token the trainer received is generated twice; tokens the dead
 engine sampled but never delivered are sampled again, as they were never received.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import AsyncIterator, Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from partial_rollout.engine import exactness
-from partial_rollout.engine.protocol import Delta
-from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+from partial_rollout.engine import Accumulated, Delta
+from partial_rollout.snapshot import SampleRecord, SampleState
 
 ENGINE_DIED = "the engine that generated the prefix died and its generator state with it"
-"""Why a seeded sample continued after a failover is inexact (see :func:`exactness.no_sampler_state`)."""
+"""Why a seeded sample continued after a failover has no sampler state, and so is inexact (:func:`held`)."""
 
 
 class EngineDiedError(RuntimeError):
@@ -44,67 +41,28 @@ class NoEngineLeftError(RuntimeError):
         """The request's prefix as the trainer received it, ready to resume from."""
 
 
-class Received:
-    """What the trainer's process holds of one request: the prefix it was submitted with and every delta since."""
+def held(received: Accumulated) -> SampleRecord:
+    """The request as the trainer holds it, to continue on another engine or to save.
 
-    def __init__(self, *, index: int, sampling: SamplingSpec, base: SampleRecord | None) -> None:
-        self.index = index
-        self.sampling = sampling
-        self.base = base
-        self.token_ids = array("i")
-        """Typed buffers, as in :class:`~partial_rollout.engine.live.LiveRequest`: 12 bytes a token."""
-        self.logprobs = array("f")
-        self.versions = array("i")
-
-    def add(self, delta: Delta) -> None:
-        self.token_ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        self.versions.extend(delta.versions)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens received since the request was submitted (its saved prefix not counted)."""
-        return len(self.token_ids)
-
-    def resume_from(self) -> SampleRecord | None:
-        """What to submit this request with, to any engine: :meth:`record`, or nothing for a fresh start."""
-        return None if self.base is None and not self.token_ids else self.record()
-
-    def record(self) -> SampleRecord:
-        """The request as the trainer holds it, to continue on another engine or to save.
-
-        With nothing received, the record it was submitted with (its sampler state still valid: no
-        draw was made since), or a not-started one. Otherwise the prefix stitched with what was
-        received, without a sampler state: a seeded sample is declared inexact.
-        """
-        base = self.base
-        if not self.token_ids:
-            if base is not None:
-                return base
-            reason = exactness.inexact_reason(self.sampling, num_tokens=0, sampler_state=None, capture_unsupported=None)
-            return SampleRecord(index=self.index, state=SampleState.NOT_STARTED, sampling=self.sampling, inexact=reason)
-        tokens = np.frombuffer(self.token_ids, dtype=np.int32).copy()
-        logprobs = np.frombuffer(self.logprobs, dtype=np.float32).copy()
-        versions = np.frombuffer(self.versions, dtype=np.int32).copy()
-        if base is not None:
-            tokens = np.concatenate([base.token_ids, tokens])
-            logprobs = np.concatenate([base.logprobs, logprobs])
-            versions = np.concatenate([base.versions, versions])
-        reason = (None if base is None else base.inexact) or exactness.inexact_reason(
-            self.sampling, num_tokens=len(tokens), sampler_state=None, capture_unsupported=ENGINE_DIED
-        )
-        return SampleRecord(
-            index=self.index,
-            state=SampleState.IN_FLIGHT,
-            sampling=self.sampling,
-            token_ids=tokens,
-            logprobs=logprobs,
-            versions=versions,
-            inexact=reason,
-        )
+    With nothing received, the record it was submitted with (its sampler state still valid: no
+    draw was made since), or a not-started one. Otherwise the prefix stitched with what was
+    received, without a sampler state: a seeded sample is declared inexact.
+    """
+    if not received.num_tokens:
+        if received.base is not None:
+            return received.base
+        reason = received.inexact(sampler_state=None, why_no_state=None)
+        return received.record(SampleState.NOT_STARTED, inexact=reason)
+    reason = received.inexact(sampler_state=None, why_no_state=ENGINE_DIED)
+    return received.record(SampleState.IN_FLIGHT, inexact=reason)
 
 
-async def follow(items: AsyncIterator[Delta | SampleRecord], received: Received) -> SampleRecord:
+def resume_from(received: Accumulated) -> SampleRecord | None:
+    """What to submit the request with, to any engine: :func:`held`, or nothing for a fresh start."""
+    return None if received.base is None and not received.num_tokens else held(received)
+
+
+async def follow(items: AsyncIterator[Delta | SampleRecord], received: Accumulated) -> SampleRecord:
     """Consume a stream into ``received`` and return its finished record."""
     async for item in items:
         if isinstance(item, SampleRecord):
@@ -148,11 +106,11 @@ class Tracker:
         """Called once per dead engine (a trainer writes it to its event log)."""
         self.dead: dict[int, str] = {}
         """Dead engines by position, with the error that revealed it."""
-        self._held: dict[str, tuple[int | None, Received]] = {}
+        self._held: dict[str, tuple[int | None, Accumulated]] = {}
         """Every request followed, with its engine (``None`` while it moves to another)."""
         self._moved: dict[int, dict[str, int]] = {}
 
-    def hold(self, engine: int, request_id: str, received: Received) -> None:
+    def hold(self, engine: int, request_id: str, received: Accumulated) -> None:
         self._held[request_id] = (engine, received)
 
     def on_engine(self, engine: int) -> dict[str, int]:
@@ -192,7 +150,7 @@ class Tracker:
         """What the trainer holds of every request it follows but those in ``skip``, by id: for a request
         an engine's cut lacks (its engine died, it is moving, or its submission had not reached the
         engine yet)."""
-        return {rid: received.record() for rid, (_, received) in self._held.items() if rid not in skip}
+        return {rid: held(received) for rid, (_, received) in self._held.items() if rid not in skip}
 
     def _report(self, engine: int) -> None:
         if engine not in self._moved or any(e == engine for e, _ in self._held.values()):
