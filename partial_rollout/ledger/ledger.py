@@ -241,10 +241,11 @@ class WorkLedger:
         """Mark a group ready that the trainer holds finished in its own checkpoint, while this ledger
         holds it unfinished; the trainer's copy is the one trained.
 
-        NeMo RL reads its replay buffer for its checkpoint some awaits after our cut, so a group that
-        finished in between is in both, finished only in NeMo RL's. Until the group is consumed, a
-        cut saves it as its records here are (pending or in flight): a snapshot keeps no ready group
-        with unfinished samples, and a later resume whose trainer lacks it continues it from there.
+        A trainer that reads its own replay buffer for its checkpoint some awaits after our cut (NeMo
+        RL does) can hold a group that finished in between finished, while our snapshot holds it in
+        flight. Until the group is consumed, a cut saves it as its records here are (pending or in
+        flight): a snapshot keeps no ready group with unfinished samples, and a later resume whose
+        trainer lacks it continues it from there.
         """
         group = self._get(group_id)
         if group.state is not GroupState.READY:

@@ -1,5 +1,8 @@
 """``partial-rollout demo``: train, SIGKILL, resume, audit; with partial rollouts on, then off.
 
+Registered as a subcommand of the library's ``partial-rollout`` command through the
+``partial_rollout.commands`` entry point (``pyproject.toml``): the library imports no trainer.
+
 For each setting of ``checkpointing.partial_rollouts.enabled`` the reference async GRPO trainer
 (``integrations/reference_grpo``, config ``configs/demo.yaml``) trains the tiny model in a child
 process, is killed with SIGKILL at a random moment after a save that holds work, and is resumed from its
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from partial_rollout.ledger import EVENTS_FILENAME, audit
-    from partial_rollout.models.tiny import TinyModelSpec, build_tiny_model
+    from partial_rollout.models import TinyModelSpec, build_tiny_model
     from partial_rollout_integrations.kill_resume import side_by_side
     from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
     from partial_rollout_integrations.reference_grpo.kill_resume import draw_plan, kill_and_resume

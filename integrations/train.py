@@ -1,5 +1,7 @@
 """``partial-rollout train CONFIG [key=value ...] [--resume]``: run the reference async GRPO trainer alone.
 
+A subcommand the ``partial_rollout.commands`` entry point registers (``pyproject.toml``).
+
 CONFIG is a YAML file in NeMo RL's layout (``integrations/reference_grpo/configs/demo.yaml`` is a
 complete example). Overrides follow NeMo RL: ``key=value`` for keys the YAML has, ``++key=value``
 for a key of the schema the YAML leaves at its default; unknown keys and bad values fail before
