@@ -36,7 +36,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -156,13 +156,15 @@ async def one_run(
     )
     if kill:
         moved = [rid for rid in victims if len(attempts[rid]) > 1]
+        # A moved request's second attempt starts from what the first one delivered.
+        carried = {rid: cast(SampleRecord, attempts[rid][1].resume_from) for rid in moved}
         out["failover"] = dict(
             events=[f.fields() for _, f in failovers],
             moved_s=round(failovers[0][0] - point, 3),
             requests_moved=len(moved),
-            tokens_carried=sum(attempts[rid][1].resume_from.num_tokens for rid in moved),  # type: ignore[union-attr]
+            tokens_carried=sum(carried[rid].num_tokens for rid in moved),
             carried_equals_received=all(
-                attempts[rid][1].resume_from.token_ids.tolist() == attempts[rid][0].tokens  # type: ignore[union-attr]
+                carried[rid].token_ids.tolist() == attempts[rid][0].tokens
                 and records[rid].token_ids[: len(attempts[rid][0].tokens)].tolist() == attempts[rid][0].tokens
                 for rid in moved
             ),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def plot_recovery(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     sizes = sorted({p["num_in_flight"] for p in result["points"]})
-    has = lambda key: all(key in p["summary"]["modes"]["continue"] for p in result["points"])  # noqa: E731
+    has: Callable[[str], bool] = lambda key: all(key in p["summary"]["modes"]["continue"] for p in result["points"])  # noqa: E731
     rows = ([("steps", "floor_steps", "engine steps")] if has("floor_steps") else []) + [
         ("recovery_s", "floor_s", "recovery time (s)")
     ]
@@ -161,7 +162,7 @@ def plot_ratio(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [
+    panels: list[tuple[str, Callable[[dict[str, Any]], float]]] = [
         (
             "decode tokens",
             lambda m: _median(m["regenerate"], "decode_tokens") / _median(m["continue"], "decode_tokens"),

@@ -228,7 +228,7 @@ def run(num_samples: int, num_tokens: int, folder: Path, repeats: int) -> dict[s
 
     def write_baseline() -> None:
         with open(baseline, "wb") as f:
-            f.write(payload)
+            f.write(payload.data)  # its memoryview: numpy's stubs type ndarray as a Buffer only on Python >= 3.12
             f.flush()
             os.fsync(f.fileno())
 

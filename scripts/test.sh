@@ -16,5 +16,7 @@ if [[ -n "${NEMO_RL_SRC:-}" ]]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# mypy checks integrations/ under its installed name, through this link (pyproject.toml's [tool.mypy] says why).
+mkdir -p .venv/mypy-path && ln -sfn ../../integrations .venv/mypy-path/partial_rollout_integrations
 .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +166,7 @@ async def cut_point(pool: Any, work: Work, prefix: int) -> dict[str, Any]:
 
 async def elastic(
     pool: Any, work: Work, cut: Any, ref: dict[str, SampleRecord], *, ref_steps: int, ref_s: float
-) -> dict:
+) -> dict[str, Any]:
     """Continue ``cut`` on ``pool`` (caches emptied), then regenerate the same work from scratch there."""
     out: dict[str, Any] = dict(engines=len(pool.engines), uninterrupted_steps=ref_steps, uninterrupted_s=ref_s)
     for mode in ("continue", "regenerate"):
@@ -351,13 +352,12 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     b.set(xlabel="engines", ylabel="decode steps", title="stall in decode steps")
     labels = [f"{e['saved_on']}->{e['engines']}" for e in result["elastic"]]
     x = np.arange(len(labels))
-    for k, (name, get) in enumerate(
-        [
-            ("uninterrupted", lambda e: e["uninterrupted_steps"]),
-            ("continue", lambda e: e["continue"]["steps"]),
-            ("regenerate", lambda e: e["regenerate"]["steps"]),
-        ]
-    ):
+    steps: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("uninterrupted", lambda e: e["uninterrupted_steps"]),
+        ("continue", lambda e: e["continue"]["steps"]),
+        ("regenerate", lambda e: e["regenerate"]["steps"]),
+    ]
+    for k, (name, get) in enumerate(steps):
         c.bar(x + (k - 1) * 0.27, [get(e) for e in result["elastic"]], 0.27, label=name)
     c.set(xticks=x, xticklabels=labels, ylabel="engine steps (slowest engine)", title="elastic resume: steps to finish")
     c.legend(fontsize=8)

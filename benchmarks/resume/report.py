@@ -72,7 +72,7 @@ def mode_figures(
     """Every mode's cost for the same remainder, and its ratios to the uninterrupted run and to continue."""
     unint = killed.uninterrupted.spent
     decode_after_cut = killed.decode_tokens_after_cut
-    modes = {
+    modes: dict[str, dict[str, Any]] = {
         "uninterrupted": dict(
             recovery_s=unint.wall_s,
             cpu_s=unint.cpu_s,
@@ -275,7 +275,10 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         summary["modes"][mode] = {k: spread([r["modes"][mode].get(k) for r in reps]) for k in keys}
     for section in ("save", "workload", "presave", "floor"):
         summary[section] = {k: spread([r[section][k] for r in reps]) for k in reps[0][section]}
-    med = lambda m, k: (summary["modes"][m][k] or {}).get("median")  # noqa: E731
+
+    def med(m: str, k: str) -> Any:
+        return (summary["modes"][m][k] or {}).get("median")
+
     save = summary["save"]
     summary["targets"] = {
         "continue_redone_decode_tokens_max": max(r["modes"]["continue"]["redone_decode_tokens"] for r in reps),
@@ -391,7 +394,10 @@ def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         s = p["summary"]
         for mode in MODES:
             m = s["modes"][mode]
-            g = lambda k, m=m: (m.get(k) or {}).get("median")  # noqa: E731
+
+            def g(k: str, m: dict[str, Any] = m) -> Any:
+                return (m.get(k) or {}).get("median")
+
             rows.append(
                 dict(
                     in_flight=p["num_in_flight"],
@@ -447,7 +453,10 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for p in result["points"]:
         s = p["summary"]
-        sv = lambda k, s=s: (s["save"].get(k) or {}).get("median")  # noqa: E731
+
+        def sv(k: str, s: dict[str, Any] = s) -> Any:
+            return (s["save"].get(k) or {}).get("median")
+
         c = s["modes"]["continue"]
         lines.append(
             f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"
@@ -487,8 +496,13 @@ def readme_table(result: dict[str, Any]) -> str:
     ]
     for p in result["points"]:
         s = p["summary"]
-        m = lambda mode, key, s=s: (s["modes"][mode].get(key) or {}).get("median")  # noqa: E731
-        sv = lambda key, s=s: (s["save"].get(key) or {}).get("median")  # noqa: E731
+
+        def m(mode: str, key: str, s: dict[str, Any] = s) -> Any:
+            return (s["modes"][mode].get(key) or {}).get("median")
+
+        def sv(key: str, s: dict[str, Any] = s) -> Any:
+            return (s["save"].get(key) or {}).get("median")
+
         i = s.get("identity") or identity(p["reps"])
         n = i["samples_in_flight"]
         flag = " **beyond**" if i["beyond_noise_floor"] else ""

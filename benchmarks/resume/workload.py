@@ -123,7 +123,7 @@ def build_snapshot(
             records.append(
                 GroupRecord(
                     group_id=g.group_id,
-                    prompt_token_ids=g.prompt,
+                    prompt_token_ids=np.asarray(g.prompt, dtype=np.int32),
                     state=GroupState.PENDING,
                     samples=samples,
                     data={"bench": "resume_throughput"},
@@ -135,7 +135,7 @@ def build_snapshot(
         records.append(
             GroupRecord(
                 group_id=g.group_id,
-                prompt_token_ids=g.prompt,
+                prompt_token_ids=np.asarray(g.prompt, dtype=np.int32),
                 state=state,
                 dispatch_version=0,
                 samples=samples,

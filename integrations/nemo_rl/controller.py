@@ -70,7 +70,7 @@ def controller_class() -> Any:
     """NeMo RL's ``SingleControllerActor`` with partial rollouts, as a Ray actor class."""
     base: Any = SingleControllerActor.__ray_metadata__.modified_class
 
-    class PartialRolloutController(base):  # type: ignore[misc, valid-type]
+    class PartialRolloutController(base):  # type: ignore[misc]  # subclasses NeMo RL's actor class, Any here
         """NeMo RL's SingleController that loses no prompt at a checkpoint (see the module docstring)."""
 
         def __init__(self, master_config: Any, actor_args: Any, setup_timing_metrics: Any) -> None:
@@ -104,7 +104,7 @@ def controller_class() -> Any:
             )
             self._gen.session = session
             loader = LedgerLoader(self._dataloader, session)
-            self._dataloader = loader
+            self._dataloader: Any = loader  # NeMo RL's attribute (its class is Any here), now our wrapper
             self._rollout_manager._impl = LedgerRollout.wrap(
                 self._rollout_manager._impl, session, self._inflight_by_group_id
             )

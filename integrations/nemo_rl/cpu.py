@@ -349,7 +349,7 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
     )
     pad = int(tokenizer.pad_token_id or 0)
     buffer = TQReplayBuffer(dp_client, partition_id=PARTITION, pad_value_dict={"token_ids": pad, "input_ids": pad})
-    envs = {TASK: ParityEnvironment.remote(harness.turns)}
+    envs = {TASK: ParityEnvironment.remote(harness.turns)}  # type: ignore[attr-defined]  # @ray.remote made it an actor class
     settings = GenerationSettings.from_nemo(generation, max_seq_len=max_seq_len, seed=grpo.seed)
     gen = EngineGeneration(engine, settings)
     rollout_manager = RolloutManager(

@@ -302,7 +302,7 @@ class GpuGeneration(EngineGeneration):
         self._pool = engine
         super().__init__(engine, settings)
 
-    @property  # type: ignore[override]
+    @property
     def session(self) -> Session | None:
         return self.__dict__.get("_session")
 
@@ -317,8 +317,8 @@ class GpuGeneration(EngineGeneration):
             raise AttributeError(name)
         return getattr(generation, name)
 
-    @property  # type: ignore[override]
-    def requires_kv_scale_sync(self) -> bool:
+    @property
+    def requires_kv_scale_sync(self) -> bool:  # type: ignore[override]  # NeMo RL's generation answers, read-only
         return bool(self.generation.requires_kv_scale_sync)
 
     def invalidate_kv_cache(self) -> bool:

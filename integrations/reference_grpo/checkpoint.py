@@ -73,4 +73,5 @@ def write_training_info(folder: Path, info: dict[str, Any]) -> None:
 
 
 def read_training_info(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / TRAINING_INFO_FILE).read_text())
+    info: dict[str, Any] = json.loads((folder / TRAINING_INFO_FILE).read_text())
+    return info

@@ -86,7 +86,7 @@ class Policy:
             logprobs, old, advantages, mask, clip_min=loss_cfg.ratio_clip_min, clip_max=loss_cfg.ratio_clip_max
         )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.policy.max_grad_norm)
         self.optimizer.step()
         return {"loss": float(loss), "grad_norm": float(grad_norm), **metrics}

@@ -30,7 +30,7 @@ MARKER = 400
 BOS = 0
 
 
-class BucketTask(Dataset):
+class BucketTask(Dataset[dict[str, Any]]):
     """``num_prompts`` deterministic prompts; item ``i`` is a JSON-native dict (it travels in snapshots)."""
 
     def __init__(self, config: DataConfig, *, seed: int) -> None:
