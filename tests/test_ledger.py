@@ -21,7 +21,7 @@ from partial_rollout.ledger import (
     read_events,
     request_id,
 )
-from partial_rollout.ledger.ledger import STATE_VERSION, VERSION_KEY
+from partial_rollout.ledger.manifest import STATE_VERSION, VERSION_KEY
 from partial_rollout.snapshot import (
     SNAPSHOT_FILENAME,
     Fingerprints,

@@ -14,6 +14,7 @@
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
+from partial_rollout.ledger.cut import LedgerCut
 from partial_rollout.ledger.events import (
     ENGINE_FAILOVER,
     EVENTS_FILENAME,
@@ -23,7 +24,7 @@ from partial_rollout.ledger.events import (
     EventTail,
     read_events,
 )
-from partial_rollout.ledger.ledger import LedgerCut, WorkLedger, request_id
+from partial_rollout.ledger.ledger import WorkLedger, request_id
 
 __all__ = [
     "ENGINE_FAILOVER",

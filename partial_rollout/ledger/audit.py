@@ -47,10 +47,24 @@ import dataclasses
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from partial_rollout.errors import BadInputError
-from partial_rollout.ledger.events import TRAIN_STEP, EventKind, read_numbered_events
+from partial_rollout.ledger.events import (
+    TRAIN_STEP,
+    ConsumeEvent,
+    EndEvent,
+    EventKind,
+    EvictEvent,
+    FinishEvent,
+    LogEvent,
+    ReadyEvent,
+    RegenerateEvent,
+    ResumeEvent,
+    SaveEvent,
+    YieldEvent,
+    read_numbered_events,
+)
 
 
 class AuditError(BadInputError):
@@ -69,7 +83,9 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     EventKind.RESUME: {"save_id": (str, type(None))},
     EventKind.END: {"outstanding": list},
 }
-"""Fields the audit reads with ``event[...]``, by kind (others are read with a default)."""
+"""Fields the audit reads with ``event[...]``, by kind. It reads the others with a default (``.get``),
+so a log that lacks them (hand-written, or older than the field) still audits. Either way it reads an
+event through its kind's ``TypedDict`` (:mod:`partial_rollout.ledger.events`), which names every field."""
 _COUNTS = ("tokens", "prefix_tokens", "discarded_tokens")
 """Token counts the audit adds up, where an event has them."""
 
@@ -140,7 +156,7 @@ def effective_timeline(
             timeline = [event]
             continue
         if kind == EventKind.RESUME:
-            save_id = event.get("save_id")
+            save_id = cast(ResumeEvent, event).get("save_id")
             if save_id is None:
                 rolled, timeline = timeline, [event]
                 resumes.append({"save_id": None, "event": event, "rolled_back": rolled, "save": None})
@@ -149,7 +165,7 @@ def effective_timeline(
                 (
                     i
                     for i in range(len(timeline) - 1, -1, -1)
-                    if timeline[i]["event"] == EventKind.SAVE and timeline[i].get("save_id") == save_id
+                    if timeline[i]["event"] == EventKind.SAVE and cast(SaveEvent, timeline[i]).get("save_id") == save_id
                 ),
                 None,
             )
@@ -186,85 +202,159 @@ def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | N
         events.append(event)
     timeline, resumes = effective_timeline(events, path=path)
     # Work rolled back by any resume was done and thrown away, even if a later resume discards that resume too.
-    tokens_regenerated = sum(
-        e.get("tokens", 0) - e.get("prefix_tokens", 0)
+    rolled_back_tokens = sum(
+        finish.get("tokens", 0) - finish.get("prefix_tokens", 0)
         for r in resumes
-        for e in r["rolled_back"]
-        if e["event"] == EventKind.FINISH
+        for finish in (cast(FinishEvent, e) for e in r["rolled_back"] if e["event"] == EventKind.FINISH)
     )
-    yields: Counter[str] = Counter()
-    consumes: Counter[str] = Counter()
-    evicted: dict[str, str] = {}
-    outstanding: set[str] = set()
-    outstanding_at: dict[int, set[str]] = {}
     position_of = {id(e): i for i, e in enumerate(timeline)}
     resumes = [r for r in resumes if id(r["event"]) in position_of]  # a later resume may roll one back
-    resume_starts = {position_of[id(r["event"])] for r in resumes}
-    end: dict[str, Any] | None = None
-    tokens_continued = 0
-    steps = []
-    yield_order = []
+    tally = _tally(timeline, resume_starts={position_of[id(r["event"])] for r in resumes}, path=path)
+    end = tally.end
+    at_end = set(end["outstanding"]) if end is not None else set()
+    unaccounted = sorted(set(tally.yields) - set(tally.consumes) - set(tally.evicted) - at_end)
+    lost = unaccounted if end is not None else []
+    duplicated = sorted({p for p, n in tally.consumes.items() if n > 1} | {p for p, n in tally.yields.items() if n > 1})
+    rows, stranded, cursor_mismatches = _per_resume(timeline, resumes, position_of, tally, lost=lost)
+    divergence = None
+    if reference is not None:
+        found = _first_difference(audit(reference).yield_order, tally.yield_order)
+        if found is not None:
+            divergence = {"position": found[0], "expected": found[1], "got": found[2]}
+    return AuditReport(
+        complete=end is not None,
+        yielded=len(tally.yields),
+        trained=len(tally.consumes),
+        evicted=len(tally.evicted),
+        evicted_by_reason=dict(Counter(tally.evicted.values())),
+        outstanding_at_end=len(at_end),
+        lost=len(lost),
+        duplicated=len(duplicated),
+        lost_ids=lost,
+        duplicated_ids=duplicated,
+        open_ids=[] if end is not None else unaccounted,
+        resumes=rows,
+        tokens_continued=tally.tokens_continued,
+        tokens_regenerated=rolled_back_tokens + tally.tokens_discarded,
+        steps=tally.steps,
+        yield_order=tally.yield_order,
+        stranded=len(stranded),
+        stranded_ids=sorted(stranded),
+        cursor_mismatches=cursor_mismatches,
+        yield_divergence=divergence,
+    )
+
+
+@dataclass(kw_only=True)
+class _Tally:
+    """What one pass over the effective timeline counts, prompt by prompt."""
+
+    yields: Counter[str] = field(default_factory=Counter)
+    """How often each prompt was yielded."""
+    consumes: Counter[str] = field(default_factory=Counter)
+    """How often each prompt was trained on."""
+    evicted: dict[str, str] = field(default_factory=dict)
+    """Evicted prompts and the reason."""
+    outstanding_at: dict[int, set[str]] = field(default_factory=dict)
+    """The prompts outstanding (yielded, neither consumed nor evicted) at each resume's position."""
+    end: EndEvent | None = None
+    """The ``end`` event, if the timeline reached one (the last, should there be several)."""
+    tokens_continued: int = 0
+    """Saved prefix tokens that finished samples continued from."""
+    tokens_discarded: int = 0
+    """Tokens ``regenerate`` events threw away."""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    """The ``train_step`` log events, without the log's own fields."""
+    yield_order: list[str] = field(default_factory=list)
+    """Prompts in the order they were yielded."""
+
+
+def _tally(timeline: list[dict[str, Any]], *, resume_starts: set[int], path: str | os.PathLike[str]) -> _Tally:
+    """Count the effective timeline's events (``resume_starts``: the positions of its resume events).
+
+    Raises:
+        AuditError: a ``consume`` or ``evict`` of a prompt never yielded.
+    """
+    tally = _Tally()
+    outstanding: set[str] = set()
     for position, event in enumerate(timeline):
         if position in resume_starts:
-            outstanding_at[position] = set(outstanding)
-        kind, prompt = event["event"], str(event.get("prompt"))
+            tally.outstanding_at[position] = set(outstanding)
+        kind = event["event"]
         if kind == EventKind.YIELD:
-            yields[prompt] += 1
-            yield_order.append(prompt)
+            prompt = cast(YieldEvent, event)["prompt"]
+            tally.yields[prompt] += 1
+            tally.yield_order.append(prompt)
             outstanding.add(prompt)
         elif kind in (EventKind.CONSUME, EventKind.EVICT):
-            if prompt not in yields:
+            prompt = cast(ConsumeEvent | EvictEvent, event)["prompt"]
+            if prompt not in tally.yields:
                 raise AuditError(f"{kind} of {prompt!r}, which was never yielded", path=path, field=_where(event))
             outstanding.discard(prompt)
             if kind == EventKind.CONSUME:
-                consumes[prompt] += 1
+                tally.consumes[prompt] += 1
             else:
-                evicted[prompt] = event["reason"]
+                tally.evicted[prompt] = cast(EvictEvent, event)["reason"]
         elif kind == EventKind.FINISH:
-            tokens_continued += event.get("prefix_tokens", 0)
+            tally.tokens_continued += cast(FinishEvent, event).get("prefix_tokens", 0)
         elif kind == EventKind.REGENERATE:
-            tokens_regenerated += event.get("discarded_tokens", 0)
+            tally.tokens_discarded += cast(RegenerateEvent, event).get("discarded_tokens", 0)
         elif kind == EventKind.END:
-            end = event
-        elif kind == EventKind.LOG and event.get("kind") == TRAIN_STEP:
-            steps.append({k: v for k, v in event.items() if k not in ("seq", "pid", "event", "kind")})
-    at_end = set(end["outstanding"]) if end is not None else set()
-    unaccounted = sorted(set(yields) - set(consumes) - set(evicted) - at_end)
-    lost = unaccounted if end is not None else []
-    duplicated = sorted({p for p, n in consumes.items() if n > 1} | {p for p, n in yields.items() if n > 1})
+            tally.end = cast(EndEvent, event)
+        elif kind == EventKind.LOG and cast(LogEvent, event).get("kind") == TRAIN_STEP:
+            tally.steps.append({k: v for k, v in event.items() if k not in ("seq", "pid", "event", "kind")})
+    return tally
+
+
+def _per_resume(
+    timeline: list[dict[str, Any]],
+    resumes: list[dict[str, Any]],
+    position_of: dict[int, int],
+    tally: _Tally,
+    *,
+    lost: list[str],
+) -> tuple[list[dict[str, Any]], set[str], list[dict[str, Any]]]:
+    """One row per resume on the timeline (what its save held, what it lost, what it rolled back),
+    the groups stranded after any of them, and the resumes whose loader cursor went elsewhere.
+
+    The timeline's events from one resume to the next (its *segment*) are what the resumed process
+    did; each lost prompt is charged to the first resume whose save point it was outstanding at.
+    """
+    end = tally.end
     charged: set[str] = set()
-    resume_rows = []
+    rows = []
     stranded: set[str] = set()
     cursor_mismatches = []
     starts = sorted(position_of[id(r["event"])] for r in resumes)
-    save_at = {position_of[id(r["event"])]: r["save"] or {} for r in resumes}
+    # A resume from nothing saved has no save event: every field of it reads as its default.
+    saves = {position_of[id(r["event"])]: cast(SaveEvent, r["save"] or {}) for r in resumes}
     for r in resumes:
         rolled = r["rolled_back"]
         start = position_of[id(r["event"])]
         following = next((p for p in starts if p > start), None)
         segment = timeline[start + 1 : following]
-        save = r["save"] or {}
+        save = saves[start]
         stranded_here: list[str] = []
         if following is not None:
-            stranded_here = _stranded(save, segment, saved_again=save_at[following].get("in_flight", {}))
+            stranded_here = _stranded(save, segment, saved_again=saves[following].get("in_flight", {}))
         elif end is not None and end.get("step") != save.get("step"):
             # else the run may still finish them, or it ended at the step it resumed from (its last
             # step's checkpoint): it had nothing to train them for
             stranded_here = _stranded(save, segment, running=end.get("in_flight", {}))
         stranded |= set(stranded_here)
         mismatch = _first_difference(
-            [e["prompt"] for e in rolled if e["event"] == EventKind.YIELD],
-            [e["prompt"] for e in segment if e["event"] == EventKind.YIELD],
+            [cast(YieldEvent, e)["prompt"] for e in rolled if e["event"] == EventKind.YIELD],
+            [cast(YieldEvent, e)["prompt"] for e in segment if e["event"] == EventKind.YIELD],
         )
         if mismatch is not None:
             position, before, after = mismatch
             cursor_mismatches.append(
                 {"save_id": r["save_id"], "position": position, "before_kill": before, "after_resume": after}
             )
-        was_out = outstanding_at[start]
+        was_out = tally.outstanding_at[start]
         lost_here = sorted((set(lost) & was_out) - charged)
         charged |= set(lost_here)
-        resume_rows.append(
+        rows.append(
             {
                 "save_id": r["save_id"],
                 "step": save.get("step", 0),
@@ -282,37 +372,11 @@ def audit(path: str | os.PathLike[str], *, reference: str | os.PathLike[str] | N
                 "rolled_back_consumes": sum(e["event"] == EventKind.CONSUME for e in rolled),
             }
         )
-    divergence = None
-    if reference is not None:
-        found = _first_difference(audit(reference).yield_order, yield_order)
-        if found is not None:
-            divergence = {"position": found[0], "expected": found[1], "got": found[2]}
-    return AuditReport(
-        complete=end is not None,
-        yielded=len(yields),
-        trained=len(consumes),
-        evicted=len(evicted),
-        evicted_by_reason=dict(Counter(evicted.values())),
-        outstanding_at_end=len(at_end),
-        lost=len(lost),
-        duplicated=len(duplicated),
-        lost_ids=lost,
-        duplicated_ids=duplicated,
-        open_ids=[] if end is not None else unaccounted,
-        resumes=resume_rows,
-        tokens_continued=tokens_continued,
-        tokens_regenerated=tokens_regenerated,
-        steps=steps,
-        yield_order=yield_order,
-        stranded=len(stranded),
-        stranded_ids=sorted(stranded),
-        cursor_mismatches=cursor_mismatches,
-        yield_divergence=divergence,
-    )
+    return rows, stranded, cursor_mismatches
 
 
 def _stranded(
-    save: dict[str, Any],
+    save: SaveEvent,
     segment: list[dict[str, Any]],
     *,
     saved_again: dict[str, list[int]] | None = None,
@@ -333,9 +397,9 @@ def _stranded(
         if group not in waiting:
             continue
         if event["event"] == EventKind.FINISH:
-            waiting[group].discard(event.get("sample"))
+            waiting[group].discard(cast(FinishEvent, event).get("sample"))
         elif event["event"] in (EventKind.EVICT, EventKind.REGENERATE) or (
-            event["event"] == EventKind.READY and "reason" in event
+            event["event"] == EventKind.READY and "reason" in cast(ReadyEvent, event)
         ):
             waiting[group].clear()
     return sorted(

@@ -8,8 +8,11 @@ next process never glues its first event onto a fragment. ``save`` events are al
 checkpoint they describe is fsynced too, and the two must survive a power loss together.
 
 Every event has ``seq`` (position in this file), ``time`` (Unix seconds), ``pid`` (the writing
-process) and ``event`` (its kind, an :class:`EventKind`); the other fields depend on the kind (see
-:mod:`partial_rollout.ledger.ledger`).
+process) and ``event`` (its kind, an :class:`EventKind`); the other fields depend on the kind. Each
+kind's fields are a ``TypedDict`` below (:class:`YieldEvent`, :class:`SaveEvent`, ...): the ledger
+builds its events from them and the audit reads events through them, so the two sides agree on
+every field name and type by construction, not by matching string literals. A trainer may add
+fields of its own to ``start``, ``save``, ``save_written``, ``resume`` and ``log`` events.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from partial_rollout.errors import BadInputError
 
@@ -35,38 +38,37 @@ class EventKind(enum.StrEnum):
     """
 
     START = "start"
-    """A fresh run: an audit forgets everything logged before it."""
+    """A fresh run: an audit forgets everything logged before it (:class:`StartEvent`)."""
     YIELD = "yield"
-    """The loader yielded a prompt (``prompt``)."""
+    """The loader yielded a prompt (:class:`YieldEvent`)."""
     DISPATCH = "dispatch"
-    """A pending group went to the engine (``prompt``, ``version``)."""
+    """A pending group went to the engine (:class:`DispatchEvent`)."""
     FINISH = "finish"
-    """One sample finished (``prompt``, ``sample``, ``tokens``, ``prefix_tokens``, ``reward``)."""
+    """One sample finished (:class:`FinishEvent`)."""
     READY = "ready"
-    """Every sample of a group finished (``prompt``); with a ``reason``, the trainer holds it finished
-    in its own checkpoint (:meth:`~partial_rollout.ledger.WorkLedger.adopt_ready`)."""
+    """Every sample of a group finished, or the trainer holds it finished in its own checkpoint
+    (:class:`ReadyEvent`)."""
     REOPEN = "reopen"
-    """A ready group went back in flight at a resume: the trainer's own checkpoint lacks it (``prompt``)."""
+    """A ready group went back in flight at a resume: the trainer's own checkpoint lacks it (:class:`ReopenEvent`)."""
     CONSUME = "consume"
-    """Training step ``step`` consumed a group (``prompt``)."""
+    """A training step consumed a group (:class:`ConsumeEvent`)."""
     EVICT = "evict"
-    """A group was dropped on purpose (``prompt``, ``reason``, ``state``)."""
+    """A group was dropped on purpose (:class:`EvictEvent`)."""
     REGENERATE = "regenerate"
-    """A group's tokens were discarded and it is pending again (``prompt``, ``reason``, ``discarded_tokens``)."""
+    """A group's tokens were discarded and it is pending again (:class:`RegenerateEvent`)."""
     SAVE = "save"
-    """A checkpoint's cut (``save_id``, ``step``, what was outstanding and what was saved, the
-    unfinished samples of each saved in-flight group as ``in_flight``, and the trainer's timings of
-    the cut, e.g. ``stall_ms``). It stands in the log where the cut was taken."""
+    """A checkpoint's cut: what was outstanding and what was saved (:class:`SaveEvent`). It stands in
+    the log where the cut was taken."""
     SAVE_WRITTEN = "save_written"
-    """The snapshot of save ``save_id`` is on disk (the trainer adds e.g. ``write_ms``, ``bytes``)."""
+    """The snapshot of a save is on disk (:class:`SaveWrittenEvent`)."""
     SAVE_FAILED = "save_failed"
-    """The snapshot of save ``save_id`` could not be written (``error``); no resume can name that save."""
+    """The snapshot of a save could not be written; no resume can name that save (:class:`SaveFailedEvent`)."""
     RESUME = "resume"
-    """A process resumed from the save ``save_id`` (None: from nothing saved)."""
+    """A process resumed from a save, or from nothing saved (:class:`ResumeEvent`)."""
     END = "end"
-    """The run reached its end (``step``, the ``outstanding`` group ids)."""
+    """The run reached its end (:class:`EndEvent`)."""
     LOG = "log"
-    """A trainer event of some ``kind`` (e.g. :data:`TRAIN_STEP`) with its own fields."""
+    """A trainer event of some ``kind`` with its own fields (:class:`LogEvent`)."""
 
 
 TRAIN_STEP = "train_step"
@@ -77,6 +79,166 @@ ENGINE_FAILOVER = "engine_failover"
 """``kind`` of the :attr:`EventKind.LOG` event a trainer writes when an engine died and its requests moved
 to the engines left (``engine``, ``requests``, ``tokens_carried``, ``carried`` per request, ``error``:
 :meth:`partial_rollout.pool.Failover.fields`)."""
+
+
+class YieldEvent(TypedDict):
+    """``yield``: the loader yielded a prompt, and the ledger holds it as a pending group."""
+
+    prompt: str
+    """The group id (every group event names its group this way)."""
+
+
+class DispatchEvent(TypedDict):
+    """``dispatch``: a pending group went to the engine."""
+
+    prompt: str
+    version: int
+    """Policy version it was dispatched under."""
+
+
+class FinishEvent(TypedDict):
+    """``finish``: one sample finished (and was scored)."""
+
+    prompt: str
+    sample: int
+    """The sample's index in its group."""
+    tokens: int
+    """Tokens of the whole completion, a continued prefix included."""
+    prefix_tokens: int
+    """Of those, the tokens continued from a saved prefix (0: generated in one go). The audit's
+    ``tokens_continued``; ``tokens - prefix_tokens`` is the work a rollback throws away."""
+    reward: float | None
+
+
+class ReadyEvent(TypedDict):
+    """``ready``: every sample of the group finished; it waits to be trained on."""
+
+    prompt: str
+    reason: NotRequired[str]
+    """Present when the trainer holds the group finished in its own checkpoint while the ledger's
+    records are unfinished (:meth:`~partial_rollout.ledger.WorkLedger.adopt_ready`): the audit then
+    counts its unfinished samples as accounted for."""
+
+
+class ReopenEvent(TypedDict):
+    """``reopen``: a ready group went back in flight at a resume (the trainer's own checkpoint lacks it)."""
+
+    prompt: str
+
+
+class ConsumeEvent(TypedDict):
+    """``consume``: a training step consumed the group; it leaves the ledger."""
+
+    prompt: str
+    step: int
+
+
+class EvictEvent(TypedDict):
+    """``evict``: the group was dropped on purpose; it leaves the ledger."""
+
+    prompt: str
+    reason: str
+    """Why, e.g. ``too_stale`` (the audit counts evictions by reason)."""
+    state: str
+    """The group's state when it was dropped (a :class:`~partial_rollout.snapshot.GroupState` value)."""
+
+
+class RegenerateEvent(TypedDict):
+    """``regenerate``: the group's tokens were discarded and it is pending again."""
+
+    prompt: str
+    reason: str
+    discarded_tokens: int
+    """Tokens thrown away (the audit adds them to ``tokens_regenerated``)."""
+
+
+class StartEvent(TypedDict):
+    """``start``: a fresh run; an audit forgets everything logged before it. Its fields are the trainer's."""
+
+
+class SaveEvent(TypedDict):
+    """``save``: a checkpoint's cut, where it stands in the log (the trainer adds its timings, e.g. ``stall_ms``)."""
+
+    save_id: str
+    """Id of the save; a ``resume`` from its checkpoint names it."""
+    step: int
+    """Training step of the checkpoint."""
+    policy_version: int
+    outstanding: dict[str, int]
+    """Groups outstanding at the cut, by state (every state, saved or not)."""
+    groups: dict[str, int]
+    """Groups saved, by state."""
+    samples_unfinished: int
+    """Unfinished samples of the in-flight groups outstanding at the cut."""
+    samples_in_flight: int
+    """Samples saved in flight (with a prefix to continue)."""
+    prefix_tokens: int
+    """Tokens of those prefixes."""
+    saved: list[str]
+    """Ids of the groups saved, in yield order."""
+    in_flight: dict[str, list[int]]
+    """Each saved in-flight group's unfinished samples: what a resume from this save must finish."""
+
+
+class SaveWrittenEvent(TypedDict):
+    """``save_written``: the snapshot of a save is on disk (the trainer adds e.g. ``write_ms``, ``bytes``)."""
+
+    save_id: str
+
+
+class SaveFailedEvent(TypedDict):
+    """``save_failed``: the snapshot of a save could not be written; no resume can name that save."""
+
+    save_id: str
+    error: str
+    """The exception, as ``<type>: <message>``."""
+
+
+class ResumeEvent(TypedDict):
+    """``resume``: a process resumed from a save (the trainer adds e.g. ``step``, ``checkpoint``)."""
+
+    save_id: str | None
+    """The save resumed from; None: from nothing saved (the audit then rolls back everything before)."""
+
+
+class EndEvent(TypedDict):
+    """``end``: the run reached its end."""
+
+    step: int
+    """The last training step."""
+    outstanding: list[str]
+    """Ids of the groups still outstanding (untrained, not lost)."""
+    in_flight: dict[str, list[int]]
+    """Each in-flight group's samples the engine was still generating when training stopped."""
+    engines_left: NotRequired[int]
+    """For a pool of engines, how many were alive at the end."""
+
+
+class LogEvent(TypedDict):
+    """``log``: a trainer event with fields of its own."""
+
+    kind: str
+    """What it is, e.g. :data:`TRAIN_STEP` or :data:`ENGINE_FAILOVER`."""
+
+
+EventFields = (
+    YieldEvent
+    | DispatchEvent
+    | FinishEvent
+    | ReadyEvent
+    | ReopenEvent
+    | ConsumeEvent
+    | EvictEvent
+    | RegenerateEvent
+    | StartEvent
+    | SaveEvent
+    | SaveWrittenEvent
+    | SaveFailedEvent
+    | ResumeEvent
+    | EndEvent
+    | LogEvent
+)
+"""The fields of any event the ledger writes (besides ``seq``, ``time``, ``pid`` and ``event``)."""
 
 
 class EventLog:

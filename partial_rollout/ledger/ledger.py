@@ -28,9 +28,11 @@ writes and fsyncs the snapshot (``save_written`` or ``save_failed`` follows it i
 :meth:`WorkLedger.save` does all of it at once. The outstanding groups and their tokens persist one
 way only: as the snapshot file written into a checkpoint folder, which :meth:`WorkLedger.load` reads
 back. :meth:`WorkLedger.state_dict` / :meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful``
-protocol) carry only a small JSON manifest: counters, evictions by reason, the last save id, and
-the name of the snapshot file that holds the groups. The snapshot embeds the same manifest in its
-``metadata``, so ``load`` alone restores everything.
+protocol) carry only a small JSON manifest (:mod:`~partial_rollout.ledger.manifest`): counters,
+evictions by reason, the last save id, and the name of the snapshot file that holds the groups. The
+snapshot embeds the same manifest in its ``metadata``, so ``load`` alone restores everything. Each
+event's fields are a ``TypedDict`` of :mod:`~partial_rollout.ledger.events`, which the audit reads
+through too.
 """
 
 from __future__ import annotations
@@ -39,14 +41,33 @@ import copy
 import os
 import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from partial_rollout.errors import BadInputError, SnapshotError
-from partial_rollout.ledger.events import EventKind, EventLog
+from partial_rollout.ledger.cut import LedgerCut
+from partial_rollout.ledger.events import (
+    ConsumeEvent,
+    DispatchEvent,
+    EndEvent,
+    EventFields,
+    EventKind,
+    EventLog,
+    EvictEvent,
+    FinishEvent,
+    LogEvent,
+    ReadyEvent,
+    RegenerateEvent,
+    ReopenEvent,
+    ResumeEvent,
+    SaveEvent,
+    SaveFailedEvent,
+    SaveWrittenEvent,
+    StartEvent,
+    YieldEvent,
+)
+from partial_rollout.ledger.manifest import COUNTER_NAMES, LEDGER_METADATA_KEY, Manifest, parse_manifest
 from partial_rollout.snapshot import (
     Fingerprints,
     GroupRecord,
@@ -61,82 +82,7 @@ from partial_rollout.snapshot import (
     snapshot_path,
 )
 
-STATE_VERSION = 2
-"""Version of the manifest :meth:`WorkLedger.state_dict` returns. Version 1 also held every group
-and token as JSON lists; since 2 they live only in the snapshot file."""
-VERSION_KEY = "version"
-"""Manifest key: :data:`STATE_VERSION` of the code that wrote it."""
-COUNTERS_KEY = "counters"
-"""Manifest key: :attr:`WorkLedger.counters`."""
-EVICTED_BY_REASON_KEY = "evicted_by_reason"
-"""Manifest key: :attr:`WorkLedger.evicted_by_reason`."""
-LAST_SAVE_ID_KEY = "last_save_id"
-"""Manifest key: :attr:`WorkLedger.last_save_id`."""
-SNAPSHOT_FILE_KEY = "snapshot_file"
-"""Manifest key: :attr:`WorkLedger.snapshot_file`."""
-MANIFEST_KEYS = (VERSION_KEY, COUNTERS_KEY, EVICTED_BY_REASON_KEY, LAST_SAVE_ID_KEY, SNAPSHOT_FILE_KEY)
-LEDGER_METADATA_KEY = "ledger"
-"""Key of the ledger's manifest in a snapshot's ``metadata``."""
-COUNTER_NAMES = ("yielded", "dispatched", "finished", "consumed", "evicted")
-"""The ledger's counters, each a number of groups (``finished``: of samples)."""
 ALL_STATES = frozenset(GroupState)
-
-
-@dataclass(kw_only=True, eq=False)
-class LedgerCut:
-    """The ledger's outstanding work at one instant, held in memory until it is written.
-
-    :meth:`WorkLedger.cut` takes it inside the engine's frozen window; :meth:`write` encodes and
-    writes it later, in any thread, while the ledger goes on changing. The groups are copies (their
-    state and sample lists are what the ledger changes); the sample records and arrays are shared,
-    because the ledger never changes a record (or a group's ``data``) in place, it replaces it.
-    """
-
-    path: Path
-    """The snapshot file :meth:`write` creates."""
-    save_id: str
-    """Id of the ``save`` event; a resume from this cut names it."""
-    trainer_step: int
-    """Training step of the checkpoint."""
-    policy_version: int
-    """Policy version at the cut."""
-    fingerprints: Fingerprints
-    """Identities a resume must match."""
-    groups: list[GroupRecord]
-    """Copies of the groups saved (those in the requested states), in yield order."""
-    loader_state: dict[str, Any] | None
-    """A deep copy of the loader's cursor at the cut."""
-    counters: dict[str, int]
-    """The ledger's counters at the cut."""
-    evicted_by_reason: dict[str, int]
-    """Evictions by reason at the cut."""
-    metadata: dict[str, Any]
-    """The trainer's metadata plus the ledger's manifest."""
-    event: dict[str, Any]
-    """Fields of the ``save`` event: what was outstanding and what is saved."""
-    previous_save: tuple[str | None, str | None]
-    """The ledger's ``last_save_id`` and ``snapshot_file`` before the cut (restored if the write fails)."""
-
-    def to_snapshot(self) -> Snapshot:
-        """The snapshot of this cut; validating it reads every token, so it is not done in the frozen window."""
-        return Snapshot(
-            trainer_step=self.trainer_step,
-            policy_version=self.policy_version,
-            fingerprints=self.fingerprints,
-            groups=self.groups,
-            loader_state=self.loader_state,
-            counters=self.counters,
-            evicted_by_reason=self.evicted_by_reason,
-            metadata=self.metadata,
-        )
-
-    def write(self) -> int:
-        """Validate, encode and write the snapshot atomically (fsync and rename included); returns its size.
-
-        A failure leaves no file behind and every earlier snapshot intact
-        (:func:`~partial_rollout.snapshot.save_snapshot`).
-        """
-        return save_snapshot(self.to_snapshot(), self.path)
 
 
 def request_id(group_id: str, index: int) -> str:
@@ -183,7 +129,7 @@ class WorkLedger:
         )
         self._groups[group_id] = group
         self.counters["yielded"] += 1
-        self._emit(EventKind.YIELD, prompt=group_id)
+        self._emit(EventKind.YIELD, YieldEvent(prompt=group_id))
         return group
 
     def dispatch(self, group_id: str, policy_version: int) -> GroupRecord:
@@ -192,7 +138,7 @@ class WorkLedger:
         group.state = GroupState.IN_FLIGHT
         group.dispatch_version = policy_version
         self.counters["dispatched"] += 1
-        self._emit(EventKind.DISPATCH, prompt=group_id, version=policy_version)
+        self._emit(EventKind.DISPATCH, DispatchEvent(prompt=group_id, version=policy_version))
         return group
 
     def finish(self, group_id: str, sample: SampleRecord, *, prefix_tokens: int = 0, settle: bool = True) -> bool:
@@ -217,11 +163,13 @@ class WorkLedger:
         self.counters["finished"] += 1
         self._emit(
             EventKind.FINISH,
-            prompt=group_id,
-            sample=sample.index,
-            tokens=sample.num_tokens,
-            prefix_tokens=prefix_tokens,
-            reward=sample.reward,
+            FinishEvent(
+                prompt=group_id,
+                sample=sample.index,
+                tokens=sample.num_tokens,
+                prefix_tokens=prefix_tokens,
+                reward=sample.reward,
+            ),
         )
         return self.settle(group_id) if settle else False
 
@@ -234,7 +182,7 @@ class WorkLedger:
         group = self._get(group_id)
         if group.state is GroupState.IN_FLIGHT and all(s.state is SampleState.FINISHED for s in group.samples):
             group.state = GroupState.READY
-            self._emit(EventKind.READY, prompt=group_id)
+            self._emit(EventKind.READY, ReadyEvent(prompt=group_id))
         return group.state is GroupState.READY
 
     def adopt_ready(self, group_id: str, *, reason: str) -> GroupRecord:
@@ -251,7 +199,7 @@ class WorkLedger:
         if group.state is not GroupState.READY:
             self._ready_elsewhere[group_id] = group.state
             group.state = GroupState.READY
-            self._emit(EventKind.READY, prompt=group_id, reason=reason)
+            self._emit(EventKind.READY, ReadyEvent(prompt=group_id, reason=reason))
         return group
 
     def reopen(self, group_id: str) -> GroupRecord:
@@ -260,7 +208,7 @@ class WorkLedger:
         group = self._get(group_id, GroupState.READY)
         assert group_id not in self._ready_elsewhere, f"{group_id}: its finished copy is the trainer's"
         group.state = GroupState.IN_FLIGHT
-        self._emit(EventKind.REOPEN, prompt=group_id)
+        self._emit(EventKind.REOPEN, ReopenEvent(prompt=group_id))
         return group
 
     def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupRecord]:
@@ -271,7 +219,7 @@ class WorkLedger:
             del self._groups[group_id]
             self._ready_elsewhere.pop(group_id, None)
             self.counters["consumed"] += 1
-            self._emit(EventKind.CONSUME, prompt=group_id, step=step)
+            self._emit(EventKind.CONSUME, ConsumeEvent(prompt=group_id, step=step))
         return taken
 
     def evict(self, group_id: str, *, reason: str) -> GroupRecord:
@@ -281,7 +229,7 @@ class WorkLedger:
         self._ready_elsewhere.pop(group_id, None)
         self.counters["evicted"] += 1
         self.evicted_by_reason[reason] = self.evicted_by_reason.get(reason, 0) + 1
-        self._emit(EventKind.EVICT, prompt=group_id, reason=reason, state=group.state.value)
+        self._emit(EventKind.EVICT, EvictEvent(prompt=group_id, reason=reason, state=group.state.value))
         return group
 
     def regenerate(self, group_id: str, *, reason: str) -> GroupRecord:
@@ -294,7 +242,7 @@ class WorkLedger:
         group.state = GroupState.PENDING
         group.dispatch_version = -1
         self._ready_elsewhere.pop(group_id, None)
-        self._emit(EventKind.REGENERATE, prompt=group_id, reason=reason, discarded_tokens=discarded)
+        self._emit(EventKind.REGENERATE, RegenerateEvent(prompt=group_id, reason=reason, discarded_tokens=discarded))
         return group
 
     def capture(self, samples: Mapping[str, SampleRecord]) -> None:
@@ -334,17 +282,17 @@ class WorkLedger:
 
     def log(self, kind: str, **fields: Any) -> None:
         """Write a trainer event of ``kind`` (e.g. :data:`~partial_rollout.ledger.events.TRAIN_STEP`) to the log."""
-        self._emit(EventKind.LOG, kind=kind, **fields)
+        self._emit(EventKind.LOG, LogEvent(kind=kind), **fields)
 
     def record_start(self, **fields: Any) -> None:
         """Mark a fresh start: an audit forgets everything logged before it."""
-        self._emit(EventKind.START, **fields)
+        self._emit(EventKind.START, StartEvent(), **fields)
 
     def record_resume(self, **fields: Any) -> None:
         """Mark a resume from :attr:`last_save_id`: an audit rolls back everything logged after that save."""
-        self._emit(EventKind.RESUME, save_id=self.last_save_id, **fields)
+        self._emit(EventKind.RESUME, ResumeEvent(save_id=self.last_save_id), **fields)
 
-    def record_end(self, *, step: int, running: Collection[str] = ()) -> None:
+    def record_end(self, *, step: int, running: Collection[str] = (), engines_left: int | None = None) -> None:
         """Mark a run that reached its end, listing the groups still outstanding (not lost: just untrained).
 
         Args:
@@ -353,6 +301,7 @@ class WorkLedger:
                 training stopped. The ``end`` event's ``in_flight`` maps each in-flight group to those
                 of its samples, so an audit can tell a continuation the end of the run cut short
                 from one the trainer never resubmitted.
+            engines_left: for a pool of engines, how many were alive at the end (``engines_left`` in the event).
         """
         live = set(running)
         in_flight = {}
@@ -360,7 +309,10 @@ class WorkLedger:
             indices = [i for i in range(len(group.samples)) if request_id(group.group_id, i) in live]
             if indices:
                 in_flight[group.group_id] = indices
-        self._emit(EventKind.END, step=step, outstanding=list(self._groups), in_flight=in_flight, durable=True)
+        end = EndEvent(step=step, outstanding=list(self._groups), in_flight=in_flight)
+        if engines_left is not None:
+            end["engines_left"] = engines_left
+        self._emit(EventKind.END, end, durable=True)
 
     # ---------------------------------------------------------------- checkpointing
 
@@ -398,22 +350,22 @@ class WorkLedger:
             s.state is not SampleState.FINISHED for g in copies if g.state is GroupState.IN_FLIGHT for s in g.samples
         )
         saved_in_flight = [s for g in groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
-        event = {
-            "save_id": self.last_save_id,
-            "step": trainer_step,
-            "policy_version": policy_version,
-            "outstanding": outstanding,
-            "groups": {state.value: sum(g.state is state for g in groups) for state in GroupState},
-            "samples_unfinished": unfinished,
-            "samples_in_flight": len(saved_in_flight),
-            "prefix_tokens": sum(s.num_tokens for s in saved_in_flight),
-            "saved": [g.group_id for g in groups],
-            "in_flight": {
+        event = SaveEvent(
+            save_id=self.last_save_id,
+            step=trainer_step,
+            policy_version=policy_version,
+            outstanding=outstanding,
+            groups={state.value: sum(g.state is state for g in groups) for state in GroupState},
+            samples_unfinished=unfinished,
+            samples_in_flight=len(saved_in_flight),
+            prefix_tokens=sum(s.num_tokens for s in saved_in_flight),
+            saved=[g.group_id for g in groups],
+            in_flight={
                 g.group_id: [s.index for s in g.samples if s.state is not SampleState.FINISHED]
                 for g in groups
                 if g.state is GroupState.IN_FLIGHT
             },
-        }
+        )
         cut = LedgerCut(
             path=path,
             save_id=self.last_save_id,
@@ -439,13 +391,14 @@ class WorkLedger:
         ``save`` event is missing could not be audited.
         """
         held, self._held = self._held or [], None
-        self._emit(EventKind.SAVE, durable=True, **cut.event, **event_fields)
-        for event, durable, fields in held:
-            self._emit(event, durable=durable, **fields)
+        self._emit(EventKind.SAVE, cut.event, durable=True, **event_fields)
+        if self.events is not None:
+            for event, durable, fields in held:
+                self.events.append(event, durable=durable, **fields)
 
     def record_written(self, cut: LedgerCut, **fields: Any) -> None:
         """Log that ``cut``'s snapshot is on disk (``fields``: e.g. write time and size)."""
-        self._emit(EventKind.SAVE_WRITTEN, save_id=cut.save_id, **fields)
+        self._emit(EventKind.SAVE_WRITTEN, SaveWrittenEvent(save_id=cut.save_id), **fields)
 
     def record_save_failed(self, cut: LedgerCut, *, error: str) -> None:
         """Log that ``cut`` could not be written; the manifest names the last save that exists again.
@@ -455,7 +408,7 @@ class WorkLedger:
         """
         if self.last_save_id == cut.save_id:
             self.last_save_id, self.snapshot_file = cut.previous_save
-        self._emit(EventKind.SAVE_FAILED, durable=True, save_id=cut.save_id, error=error)
+        self._emit(EventKind.SAVE_FAILED, SaveFailedEvent(save_id=cut.save_id, error=error), durable=True)
 
     def save(
         self,
@@ -514,7 +467,9 @@ class WorkLedger:
         file = find_snapshot(folder)
         snapshot = load_snapshot(file, expect=expect, allow_vllm_change=allow_vllm_change)
         field = f"metadata.{LEDGER_METADATA_KEY}"
-        self._load_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
+        self._adopt(
+            parse_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
+        )
         self.snapshot_file = file.name  # the file actually read, should it have been renamed
         self._groups = {g.group_id: g for g in snapshot.groups}
         self._ready_elsewhere = {}
@@ -526,13 +481,12 @@ class WorkLedger:
         It holds no group: those are in the snapshot file :meth:`save` wrote (named by
         ``snapshot_file``), which :meth:`load` reads back.
         """
-        return {
-            VERSION_KEY: STATE_VERSION,
-            COUNTERS_KEY: dict(self.counters),
-            EVICTED_BY_REASON_KEY: dict(self.evicted_by_reason),
-            LAST_SAVE_ID_KEY: self.last_save_id,
-            SNAPSHOT_FILE_KEY: self.snapshot_file,
-        }
+        return Manifest(
+            counters=self.counters,
+            evicted_by_reason=self.evicted_by_reason,
+            last_save_id=self.last_save_id,
+            snapshot_file=self.snapshot_file,
+        ).to_state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the manifest of :meth:`state_dict` (``Stateful`` protocol) and forget every outstanding group.
@@ -544,47 +498,18 @@ class WorkLedger:
             BadInputError: a manifest of another version or with a missing, unknown or invalid
                 field (the message names it).
         """
-        self._load_manifest(state_dict, error=BadInputError, path=None, field="ledger state")
+        self._adopt(parse_manifest(state_dict, error=BadInputError, path=None, field="ledger state"))
         self._groups = {}
         self._ready_elsewhere = {}
 
     # ---------------------------------------------------------------- internals
 
-    def _load_manifest(
-        self, state: Any, *, error: type[BadInputError], path: os.PathLike[str] | None, field: str
-    ) -> None:
-        """Check a manifest completely, then adopt it (nothing changes when it is refused)."""
-        if not isinstance(state, Mapping):
-            what = (
-                "missing: not written by WorkLedger"
-                if state is None
-                else f"must be a JSON object, got {type(state).__name__}"
-            )
-            raise error(what, path=path, field=field)
-        if state.get(VERSION_KEY) != STATE_VERSION:
-            raise error(
-                f"version {state.get(VERSION_KEY)!r}, expected {STATE_VERSION}",
-                path=path,
-                field=f"{field}.{VERSION_KEY}",
-                fix="It was written by another partial-rollout version; resume with the one that wrote it.",
-            )
-        if set(state) != set(MANIFEST_KEYS):
-            missing, unknown = sorted(set(MANIFEST_KEYS) - set(state)), sorted(set(state) - set(MANIFEST_KEYS))
-            raise error(f"missing keys {missing}, unknown keys {unknown}", path=path, field=field)
-        counters, evicted = state[COUNTERS_KEY], state[EVICTED_BY_REASON_KEY]
-        if not _is_counts(counters) or set(counters) != set(COUNTER_NAMES):
-            what = f"must count exactly {list(COUNTER_NAMES)} with integers >= 0, got {counters!r}"
-            raise error(what, path=path, field=f"{field}.{COUNTERS_KEY}")
-        if not _is_counts(evicted):
-            what = f"must map reasons to integers >= 0, got {evicted!r}"
-            raise error(what, path=path, field=f"{field}.{EVICTED_BY_REASON_KEY}")
-        for key in (LAST_SAVE_ID_KEY, SNAPSHOT_FILE_KEY):
-            if state[key] is not None and not isinstance(state[key], str):
-                raise error(f"must be a string or null, got {state[key]!r}", path=path, field=f"{field}.{key}")
-        self.counters = dict(counters)
-        self.evicted_by_reason = dict(evicted)
-        self.last_save_id = state[LAST_SAVE_ID_KEY]
-        self.snapshot_file = state[SNAPSHOT_FILE_KEY]
+    def _adopt(self, manifest: Manifest) -> None:
+        """Take the fields of a checked manifest (:func:`~partial_rollout.ledger.manifest.parse_manifest`)."""
+        self.counters = manifest.counters
+        self.evicted_by_reason = manifest.evicted_by_reason
+        self.last_save_id = manifest.last_save_id
+        self.snapshot_file = manifest.snapshot_file
 
     def _get(self, group_id: str, state: GroupState | None = None) -> GroupRecord:
         group = self._groups.get(group_id)
@@ -594,11 +519,13 @@ class WorkLedger:
             raise ValueError(f"group {group_id!r} is {group.state.value}, expected {state.value}")
         return group
 
-    def _emit(self, event: EventKind, *, durable: bool = False, **fields: Any) -> None:
+    def _emit(self, event: EventKind, fields: EventFields, /, *, durable: bool = False, **extra: Any) -> None:
+        """Write an event of the ledger's (``fields``) with the trainer's ``extra`` fields, or hold it during a cut."""
+        record = dict(**fields, **extra)  # a trainer field that repeats one of the event's raises TypeError
         if self._held is not None:
-            self._held.append((event, durable, fields))
+            self._held.append((event, durable, record))
         elif self.events is not None:
-            self.events.append(event, durable=durable, **fields)
+            self.events.append(event, durable=durable, **record)
 
 
 def _copy_group(group: GroupRecord, state: GroupState) -> GroupRecord:
@@ -617,9 +544,3 @@ def _with_index(sample: SampleRecord, index: int) -> SampleRecord:
 
 def _fields(sample: SampleRecord) -> dict[str, Any]:
     return {name: getattr(sample, name) for name in SampleRecord.__dataclass_fields__}
-
-
-def _is_counts(value: Any) -> bool:
-    return isinstance(value, Mapping) and all(
-        isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items()
-    )

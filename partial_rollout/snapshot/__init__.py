@@ -15,20 +15,13 @@ checked safetensors header alone (where its bytes go, without reading a tensor).
 """
 
 from partial_rollout.snapshot.container import read_header
-from partial_rollout.snapshot.reader import SnapshotReader, find_snapshot, load_snapshot
-from partial_rollout.snapshot.schema import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    SNAPSHOT_FILENAME,
-    Fingerprints,
-    GroupRecord,
-    GroupState,
-    SampleRecord,
-    SampleState,
-    SamplingSpec,
-    Snapshot,
-)
-from partial_rollout.snapshot.writer import save_snapshot, snapshot_path
+from partial_rollout.snapshot.fingerprints import Fingerprints
+from partial_rollout.snapshot.layout import FORMAT_NAME, FORMAT_VERSION
+from partial_rollout.snapshot.paths import SNAPSHOT_FILENAME, find_snapshot, snapshot_path
+from partial_rollout.snapshot.reader import SnapshotReader, load_snapshot
+from partial_rollout.snapshot.sampling import SamplingSpec
+from partial_rollout.snapshot.schema import GroupRecord, GroupState, SampleRecord, SampleState, Snapshot
+from partial_rollout.snapshot.writer import save_snapshot
 
 __all__ = [
     "FORMAT_NAME",

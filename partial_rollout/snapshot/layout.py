@@ -1,4 +1,4 @@
-"""Names, dtypes and codes of format version 1 (the single source for writer, reader and spec).
+"""Format version 1: its name and number, tensor names, dtypes and codes (one source for writer, reader and spec).
 
 Every per-group and per-sample field is a flat one-dimensional tensor: ``G`` groups, ``S`` samples
 in group order, ``T`` generated tokens in sample order, ``R`` version runs. Ragged fields are a flat
@@ -13,6 +13,11 @@ import re
 import numpy as np
 
 from partial_rollout.snapshot.schema import GroupState, SampleState
+
+FORMAT_NAME = "partial-rollout-snapshot"
+"""Value of the ``format`` metadata key: tells our files apart from other safetensors files."""
+FORMAT_VERSION = 1
+"""Version of the on-disk layout this code writes and the only one it reads (docs/snapshot_format.md)."""
 
 GROUP_TENSORS: dict[str, type[np.generic]] = {
     "group.id_offsets": np.int64,  # [G+1] into group.id_bytes

@@ -2,11 +2,12 @@
 
 Opening a :class:`SnapshotReader` reads the header, the metadata and the small *structural*
 tensors (states, offsets, codes, version runs: a few bytes per sample) and checks them all, with
-their checksums. The *payload* tensors (tokens, logprobs, prompts, group data, sampler states) are
-read only when asked: whole and checksummed by :meth:`SnapshotReader.load` and
-:meth:`~SnapshotReader.verify`, streamed through their checksums without being decoded by
-:meth:`~SnapshotReader.verify_checksums`, or sliced for one group by :meth:`~SnapshotReader.group`.
-So the dump command summarises a multi-gigabyte snapshot in constant memory.
+their checksums (the rules are in :mod:`~partial_rollout.snapshot.validate`). The *payload*
+tensors (tokens, logprobs, prompts, group data, sampler states) are read only when asked: whole
+and checksummed by :meth:`SnapshotReader.load` and :meth:`~SnapshotReader.verify`, streamed
+through their checksums without being decoded by :meth:`~SnapshotReader.verify_checksums`, or
+sliced for one group by :meth:`~SnapshotReader.group`. So the dump command summarises a
+multi-gigabyte snapshot in constant memory.
 
 Every problem raises :class:`~partial_rollout.errors.SnapshotError` naming the file and the field.
 """
@@ -19,67 +20,21 @@ import gc
 import os
 import warnings
 import zlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from partial_rollout.errors import SnapshotError
-from partial_rollout.snapshot import container, layout, state_codec
-from partial_rollout.snapshot.checksum import ALGORITHM, CHECKSUMS_KEY, metadata_checksum, tensor_checksum
-from partial_rollout.snapshot.runs import decode_runs, run_ends
-from partial_rollout.snapshot.schema import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    INT32_MAX,
-    SNAPSHOT_FILENAME,
-    Fingerprints,
-    GroupRecord,
-    SampleRecord,
-    SampleState,
-    SamplingSpec,
-    Snapshot,
-    check_group,
-)
+from partial_rollout.snapshot import container, layout, state_codec, validate
+from partial_rollout.snapshot.checksum import tensor_checksum
+from partial_rollout.snapshot.fingerprints import Fingerprints, check_match
+from partial_rollout.snapshot.paths import find_snapshot
+from partial_rollout.snapshot.runs import decode_runs
+from partial_rollout.snapshot.schema import GroupRecord, SampleRecord, SampleState, Snapshot, check_group
 
 _CHUNK = 16 << 20
 """Bytes per read when streaming a tensor through its checksum."""
-_PER_SAMPLE = (
-    "sample.sampling_index",
-    "sample.seed",
-    "sample.has_seed",
-    "sample.finish_reason",
-    "sample.stop_reason",
-    "sample.inexact",
-    "sample.reward",
-    "sample.has_reward",
-)
-"""Tensors with one entry per sample besides ``sample.state``, which defines S."""
-_GROUP_OFFSETS = ("group.id_offsets", "group.data_offsets", "group.prompt_offsets", "group.sample_offsets")
-_SAMPLE_OFFSETS = ("sample.token_offsets", "sample.version_run_offsets", "sample.sampler_state_offsets")
-
-
-def find_snapshot(path: str | os.PathLike[str]) -> Path:
-    """The snapshot file at ``path``: the file itself, or ``partial_rollouts.safetensors`` in a folder.
-
-    Raises:
-        SnapshotError: ``path`` does not exist, or is a folder without a snapshot (leftover
-            ``.partial_rollouts.safetensors.*.tmp`` files of an interrupted save do not count).
-    """
-    path = Path(path)
-    if path.is_dir():
-        candidate = path / SNAPSHOT_FILENAME
-        if not candidate.is_file():
-            raise SnapshotError(
-                f"no {SNAPSHOT_FILENAME} in this folder",
-                path=path,
-                fix="Pass the snapshot file itself, or a checkpoint folder that holds one.",
-            )
-        return candidate
-    if not path.exists():
-        raise SnapshotError("no such file or folder", path=path)
-    return path
 
 
 def load_snapshot(
@@ -150,12 +105,19 @@ class SnapshotReader:
         self.file_size = header.file_size
         self._data_start = header.data_start
         self._entries = header.tensors
-        metadata = header.metadata
-        self.format_version = self._check_format(metadata)
-        self._check_metadata_keys(metadata)
-        self._checksums = self._parse_checksums(metadata)
-        self._parse_metadata(metadata)
-        self._check_tensor_entries()
+        meta = validate.check_header(header, path=self.path)
+        self.format_version = meta.format_version
+        self.writer = meta.writer
+        self.fingerprints = meta.fingerprints
+        self.trainer_step = meta.trainer_step
+        self.policy_version = meta.policy_version
+        self.counters = meta.counters
+        self.evicted_by_reason = meta.evicted_by_reason
+        self.metadata = meta.metadata
+        self.tables = meta.tables
+        self._sampling = meta.sampling
+        self._loader_tree = meta.loader_tree
+        self._checksums = meta.checksums
         try:
             self._file: Any = safe_open(self.path, framework="np")  # untyped: safetensors ships no stubs for it
         except (SafetensorError, OSError) as exc:
@@ -163,200 +125,12 @@ class SnapshotReader:
         self._full: dict[str, np.ndarray] = {}
         self._all_versions: np.ndarray | None = None
         self.arrays = {name: self.array(name) for name in layout.TENSORS if name not in layout.PAYLOAD_TENSORS}
-        self._check_structure()
-
-    # -- opening ----------------------------------------------------------------------------
+        validate.check_structure(header, self.arrays, meta, path=self.path)
+        self._group_index = validate.group_index(self.arrays, path=self.path)
+        self.group_ids = list(self._group_index)
 
     def _error(self, what: str, field: str | None, fix: str | None = None) -> SnapshotError:
         return SnapshotError(what, path=self.path, field=field, fix=fix)
-
-    def _check_format(self, metadata: dict[str, str]) -> int:
-        name = metadata.get("format")
-        if name is None:
-            raise self._error(
-                "no 'format' in __metadata__: this safetensors file is not a partial-rollout snapshot (model weights?)",
-                "format",
-            )
-        if name != FORMAT_NAME:
-            raise self._error(f"format is {name!r}, not {FORMAT_NAME!r}: not a partial-rollout snapshot", "format")
-        text = metadata.get("format_version")
-        if text is None or not text.isdigit() or not text.isascii():
-            raise self._error(f"format_version must be a decimal integer, got {text!r}", "format_version")
-        version = int(text)
-        if version > FORMAT_VERSION:
-            raise self._error(
-                f"format_version {version} was written by a newer partial-rollout; this one reads {FORMAT_VERSION}",
-                "format_version",
-                fix="Upgrade partial-rollout to load it.",
-            )
-        if version != FORMAT_VERSION:
-            raise self._error(f"unknown format_version {version}; this one reads {FORMAT_VERSION}", "format_version")
-        return version
-
-    def _check_metadata_keys(self, metadata: dict[str, str]) -> None:
-        missing = [k for k in layout.METADATA_KEYS if k not in metadata]
-        if missing:
-            raise self._error(f"missing metadata keys {missing}", "__metadata__")
-        unknown = sorted(set(metadata) - set(layout.METADATA_KEYS))
-        if unknown:
-            raise self._error(f"unknown metadata keys {unknown} (not in version {FORMAT_VERSION})", "__metadata__")
-
-    def _parse_checksums(self, metadata: dict[str, str]) -> dict[str, str]:
-        checksums = self._json(metadata, CHECKSUMS_KEY)
-        if not isinstance(checksums, dict) or set(checksums) != {"algorithm", "metadata", "tensors"}:
-            raise self._error("must be an object with algorithm, metadata and tensors", CHECKSUMS_KEY)
-        if checksums["algorithm"] != ALGORITHM:
-            raise self._error(f"algorithm is {checksums['algorithm']!r}, expected {ALGORITHM!r}", CHECKSUMS_KEY)
-        computed = metadata_checksum(metadata)
-        if checksums["metadata"] != computed:
-            raise self._error(
-                f"metadata checksum mismatch (stored {checksums['metadata']!r}, computed {computed!r}): damaged header",
-                CHECKSUMS_KEY,
-            )
-        tensors = checksums["tensors"]
-        if not isinstance(tensors, dict) or not all(isinstance(v, str) for v in tensors.values()):
-            raise self._error("tensors must map tensor names to checksums", CHECKSUMS_KEY)
-        if set(tensors) != set(self._entries):
-            extra, missing = sorted(set(tensors) - set(self._entries)), sorted(set(self._entries) - set(tensors))
-            what = f"checksums do not match the tensors (unknown: {extra}, missing: {missing})"
-            raise self._error(what, CHECKSUMS_KEY)
-        return tensors
-
-    def _json(self, metadata: dict[str, str], key: str) -> Any:
-        try:
-            return container.loads_json(metadata[key])
-        except ValueError as exc:
-            raise self._error(f"not valid JSON: {exc}", key) from None
-
-    def _parse_metadata(self, metadata: dict[str, str]) -> None:
-        try:
-            self.fingerprints = Fingerprints.from_json(self._json(metadata, "fingerprints"))
-        except SnapshotError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise self._error(str(exc), "fingerprints") from None
-        self.writer = metadata["writer"]
-        self.trainer_step = self._json_int(metadata, "trainer_step", maximum=2**63 - 1)
-        self.policy_version = self._json_int(metadata, "policy_version", maximum=INT32_MAX)
-        self.counters = self._json_counts(metadata, "counters")
-        self.evicted_by_reason = self._json_counts(metadata, "evicted_by_reason")
-        self.metadata = self._json(metadata, "metadata")
-        if not isinstance(self.metadata, dict):
-            raise self._error("must be a JSON object", "metadata")
-        self._loader_tree = self._json(metadata, "loader_state")
-        tables = self._json(metadata, "tables")
-        if not isinstance(tables, dict) or set(tables) != set(layout.TABLE_KEYS):
-            raise self._error(f"must be an object with exactly {list(layout.TABLE_KEYS)}", "tables")
-        if not all(isinstance(tables[k], list) for k in layout.TABLE_KEYS):
-            raise self._error("every table must be a JSON array", "tables")
-        self._sampling = []
-        for i, entry in enumerate(tables["sampling"]):
-            try:
-                if isinstance(entry, dict) and "seed" in entry:
-                    raise ValueError("seeds are stored in sample.seed, not in the table")
-                self._sampling.append(SamplingSpec.from_json(entry))
-            except (TypeError, ValueError) as exc:
-                raise self._error(str(exc), f"tables.sampling[{i}]") from None
-        for key, ok in (
-            ("finish_reasons", lambda v: isinstance(v, str) and v),
-            ("stop_reasons", lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))),
-            ("inexact_reasons", lambda v: isinstance(v, str) and v),
-        ):
-            bad = [v for v in tables[key] if not ok(v)]
-            if bad:
-                raise self._error(f"invalid entry {bad[0]!r}", f"tables.{key}")
-        self.tables = tables
-
-    def _json_int(self, metadata: dict[str, str], key: str, *, maximum: int) -> int:
-        value = self._json(metadata, key)
-        if type(value) is not int or not 0 <= value <= maximum:
-            raise self._error(f"must be an integer in 0..{maximum}, got {value!r}", key)
-        return value
-
-    def _json_counts(self, metadata: dict[str, str], key: str) -> dict[str, int]:
-        value = self._json(metadata, key)
-        if not isinstance(value, dict) or not all(type(v) is int and v >= 0 for v in value.values()):
-            raise self._error("must be an object of non-negative integers", key)
-        return value
-
-    def _check_tensor_entries(self) -> None:
-        for name, dtype in layout.TENSORS.items():
-            entry = self._entries.get(name)
-            if entry is None:
-                fix = f"Every version-{FORMAT_VERSION} snapshot has it; the file is damaged or incomplete."
-                raise self._error("tensor missing", name, fix=fix)
-            if entry.dtype != np.dtype(dtype).name:
-                raise self._error(f"dtype is {entry.dtype}, expected {np.dtype(dtype).name}", name)
-            if len(entry.shape) != 1:
-                raise self._error(f"must be one-dimensional, got shape {list(entry.shape)}", name)
-        unknown = sorted(n for n in self._entries if n not in layout.TENSORS and not layout.LOADER_TENSOR.fullmatch(n))
-        if unknown:
-            raise self._error(f"unknown tensors {unknown} (version {FORMAT_VERSION} has no such tensors)", unknown[0])
-        size = {name: entry.shape[0] for name, entry in self._entries.items() if name in layout.TENSORS}
-        groups, samples = size["group.state"], size["sample.state"]
-        expected = {
-            "group.dispatch_version": groups,
-            "sample.logprobs": size["sample.tokens"],
-            "sample.version_run_lengths": size["sample.version_run_values"],
-        }
-        expected.update((name, groups + 1) for name in _GROUP_OFFSETS)
-        expected.update((name, samples + 1) for name in _SAMPLE_OFFSETS)
-        expected.update((name, samples) for name in _PER_SAMPLE)
-        for name, length in expected.items():
-            if size[name] != length:
-                raise self._error(f"has {size[name]} entries, expected {length} to match the other tensors", name)
-
-    def _check_structure(self) -> None:
-        a = self.arrays
-        # Only the fixed tensors, which _check_tensor_entries proved one-dimensional: loader.* tensors
-        # may have any shape (0-d included) and are checked when the loader state is decoded.
-        size = {name: self._entries[name].shape[0] for name in layout.TENSORS}
-        self._check_offsets("group.id_offsets", size["group.id_bytes"], minimum_step=1)
-        self._check_offsets("group.data_offsets", size["group.data_bytes"])
-        self._check_offsets("group.prompt_offsets", size["group.prompt_tokens"], minimum_step=1)
-        self._check_offsets("group.sample_offsets", size["sample.state"], minimum_step=1)
-        self._check_offsets("sample.token_offsets", size["sample.tokens"])
-        self._check_offsets("sample.version_run_offsets", size["sample.version_run_values"])
-        self._check_offsets("sample.sampler_state_offsets", size["sample.sampler_state_bytes"])
-        self._check_codes("group.state", 0, len(layout.GROUP_STATES) - 1)
-        self._check_codes("sample.state", 0, len(layout.SAMPLE_STATES) - 1)
-        self._check_codes("group.dispatch_version", -1, self.policy_version)
-        self._check_codes("sample.has_seed", 0, 1)
-        self._check_codes("sample.has_reward", 0, 1)
-        self._check_codes("sample.sampling_index", 0, len(self._sampling) - 1)
-        self._check_codes("sample.finish_reason", layout.NO_CODE, len(self.tables["finish_reasons"]) - 1)
-        self._check_codes("sample.stop_reason", layout.NO_CODE, len(self.tables["stop_reasons"]) - 1)
-        self._check_codes("sample.inexact", layout.NO_CODE, len(self.tables["inexact_reasons"]) - 1)
-        self._check_codes("sample.version_run_lengths", 1, INT32_MAX)
-        self._check_codes("sample.version_run_values", 0, self.policy_version)
-        run_starts = run_ends(a["sample.version_run_lengths"])[a["sample.version_run_offsets"]]
-        if not np.array_equal(run_starts, a["sample.token_offsets"]):
-            raise self._error("the runs of some sample do not add up to its token count", "sample.version_run_lengths")
-        id_bytes, offsets = a["group.id_bytes"].tobytes(), a["group.id_offsets"].tolist()
-        try:
-            self.group_ids = [id_bytes[offsets[i] : offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
-        except UnicodeDecodeError as exc:
-            raise self._error(f"a group id is not valid UTF-8: {exc}", "group.id_bytes") from None
-        self._group_index = {gid: i for i, gid in enumerate(self.group_ids)}
-        if len(self._group_index) != len(self.group_ids):
-            duplicate = next(gid for i, gid in enumerate(self.group_ids) if self._group_index[gid] != i)
-            raise self._error(f"group id {duplicate!r} appears twice", "group.id_bytes")
-
-    def _check_offsets(self, name: str, total: int, *, minimum_step: int = 0) -> None:
-        offsets = self.arrays[name]
-        if offsets[0] != 0 or offsets[-1] != total:
-            raise self._error(f"must run from 0 to {total}, got {offsets[0]}..{offsets[-1]}", name)
-        steps = np.diff(offsets)
-        if len(steps) and steps.min() < minimum_step:
-            i = int(np.argmin(steps))
-            what = "decrease" if steps[i] < 0 else "leave an item empty"
-            raise self._error(f"offsets {what} at entry {i} ({offsets[i]} -> {offsets[i + 1]})", name)
-
-    def _check_codes(self, name: str, low: int, high: int) -> None:
-        values = self.arrays[name]
-        if len(values) and (values.min() < low or values.max() > high):
-            bad = values[(values < low) | (values > high)][0]
-            raise self._error(f"value {bad} is outside {low}..{high}", name)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -432,29 +206,8 @@ class SnapshotReader:
         return self._read(name, (start, stop))
 
     def check_fingerprints(self, expect: Fingerprints, *, allow_vllm_change: bool = False) -> None:
-        """Raise unless the snapshot's fingerprints match ``expect`` (see :meth:`Fingerprints.mismatches`)."""
-        mismatches = expect.mismatches(self.fingerprints)
-        if mismatches == ["vllm_version"] and not allow_vllm_change:
-            raise self._error(
-                f"the snapshot was saved under vLLM {self.fingerprints.vllm_version!r} but this run has "
-                f"{expect.vllm_version!r}",
-                "fingerprints.vllm_version",
-                fix=f"Resume with vLLM {self.fingerprints.vllm_version}, or allow the change "
-                "(allow_vllm_change=True; in a trainer checkpointing.partial_rollouts.allow_vllm_change=true): "
-                "its in-flight samples then continue inexactly",
-            )
-        mismatches = [m for m in mismatches if not (allow_vllm_change and m == "vllm_version")]
-        if mismatches:
-            name = mismatches[0]
-            saved = _shown(_dotted(self.fingerprints, name))
-            wanted = _shown(_dotted(expect, name))
-            raise self._error(
-                f"the snapshot was saved with {saved} but this run has {wanted}",
-                f"fingerprints.{name}",
-                fix=_FIXES.get(
-                    name, "Resume with the model, tokenizer and vLLM version the snapshot was written with."
-                ),
-            )
+        """Raise unless they match ``expect`` (:func:`~partial_rollout.snapshot.fingerprints.check_match`)."""
+        check_match(self.fingerprints, expect, allow_vllm_change=allow_vllm_change, path=self.path)
 
     def group(self, group_id: str) -> GroupRecord:
         """One group, read from slices of the payload tensors and checked like :meth:`load` does.
@@ -595,24 +348,3 @@ class SnapshotReader:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-_FIXES = {
-    "logprobs_kind": "Resume with an engine of the saved kind (EngineConfig.logprobs_mode): a sample's prefix and "
-    "continuation must report logprobs of the same distribution for its importance ratio",
-    "sampler": "Resume on the kind of device the snapshot was written on: a sampler state of one generator kind "
-    "cannot seed another",
-    "sampler_state_bytes": "Resume with the torch build and device the snapshot was written with",
-}
-"""How to fix a mismatch of the fields that are about the engine, not the model."""
-
-
-def _dotted(fingerprints: Fingerprints, name: str) -> str | int | None:
-    if name.startswith("extra."):
-        return fingerprints.extra.get(name.removeprefix("extra."))
-    value: str | int | None = getattr(fingerprints, name)
-    return value
-
-
-def _shown(value: str | int | None) -> str:
-    return "None (not recorded)" if value is None else repr(value)

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from partial_rollout.snapshot import layout
+from partial_rollout.snapshot.layout import FORMAT_NAME
 from partial_rollout.snapshot.reader import SnapshotReader
-from partial_rollout.snapshot.schema import FORMAT_NAME, GroupState, SampleState
+from partial_rollout.snapshot.schema import GroupState, SampleState
 
 
 def summarize(reader: SnapshotReader, *, limit: int) -> dict[str, Any]:

@@ -13,17 +13,19 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Hashable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.snapshot import container, layout, state_codec
+from partial_rollout.snapshot._checks import canonical_json
 from partial_rollout.snapshot.checksum import ALGORITHM, CHECKSUMS_KEY, metadata_checksum, tensor_checksum
 from partial_rollout.snapshot.container import Chunks
+from partial_rollout.snapshot.layout import FORMAT_NAME, FORMAT_VERSION
+from partial_rollout.snapshot.paths import snapshot_path
 from partial_rollout.snapshot.runs import encode_runs
-from partial_rollout.snapshot.schema import FORMAT_NAME, FORMAT_VERSION, SNAPSHOT_FILENAME, Snapshot, canonical_json
+from partial_rollout.snapshot.schema import Snapshot
 
 
 def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
@@ -54,13 +56,6 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
     tensors, metadata = encode_snapshot(snapshot)
     with atomic_write(snapshot_path(path)) as tmp:
         return container.write_file(tmp, tensors, metadata)
-
-
-def snapshot_path(path: str | os.PathLike[str]) -> Path:
-    """The file :func:`save_snapshot` writes for ``path``: ``<path>/partial_rollouts.safetensors`` for an
-    existing folder, else ``path`` itself."""
-    target = Path(path)
-    return target / SNAPSHOT_FILENAME if target.is_dir() else target
 
 
 def encode_snapshot(snapshot: Snapshot) -> tuple[dict[str, np.ndarray | Chunks], dict[str, str]]:
