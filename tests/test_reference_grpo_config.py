@@ -64,6 +64,11 @@ def test_overrides_change_existing_keys_and_plus_plus_adds_schema_keys() -> None
         ("async_rl.max_inflight_prompts=0", r"async_rl.max_inflight_prompts: must be positive, got 0"),
         ("data.max_tokens=5000", r"generation.max_model_len: 1024 cannot hold"),
         ("grpo.max_num_steps", r"is not key=value"),
+        (
+            "++generation.min_engines=2",
+            r"generation.min_engines: must be at most generation.num_engines \(1\), got 2",
+        ),
+        ("++generation.min_engines=0", r"generation.min_engines: must be positive, got 0"),
     ],
 )
 def test_bad_values_fail_at_load_naming_the_key(override: str, message: str) -> None:

@@ -16,13 +16,16 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 from omegaconf import OmegaConf
 
 from partial_rollout.checkpoint import OnStale
 from partial_rollout.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 """Where the shipped configs live (``demo.yaml``, ``fast.yaml``)."""
@@ -128,11 +131,22 @@ class GenerationConfig:
     """vLLM engines: 1 runs in the trainer's process; more run as Ray actors, on the cluster ``ray.address``
     names or a local one (on CPU each pinned to its own group of cores, on a GPU cluster each on its own
     GPU). May change between a save and its resume: restored requests spread over the new engines."""
+    min_engines: int = 1
+    """With ``num_engines`` > 1: the fewest engines the run starts with. An engine that dies while
+    starting leaves a smaller pool (a warning and a failover event name it); below this many the run
+    stops at once, naming each engine that did not start and why."""
 
     def __post_init__(self) -> None:
-        _positive(self, "generation", "max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "num_engines")
+        _positive(
+            self, "generation", "max_model_len", "max_num_seqs", "kv_cache_memory_bytes", "num_engines", "min_engines"
+        )
         if self.temperature < 0:
             raise ConfigError(f"must be >= 0, got {self.temperature}", field="generation.temperature")
+        if self.min_engines > self.num_engines:
+            raise ConfigError(
+                f"must be at most generation.num_engines ({self.num_engines}), got {self.min_engines}",
+                field="generation.min_engines",
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -276,9 +290,10 @@ def _apply_override(cfg: Any, item: str) -> None:
 
 
 _ABSENT = object()
+_Config = TypeVar("_Config", bound="DataclassInstance")
 
 
-def _build(cls: type, data: Any, *, prefix: str) -> Any:
+def _build(cls: type[_Config], data: Any, *, prefix: str) -> _Config:
     """Build dataclass ``cls`` from nested dicts, refusing unknown keys and values of the wrong type."""
     where = prefix or "the top level"
     if not isinstance(data, dict):
@@ -297,7 +312,7 @@ def _build(cls: type, data: Any, *, prefix: str) -> Any:
 
 
 def _convert(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, prefix=key)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:

@@ -43,7 +43,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -53,7 +53,7 @@ from partial_rollout.checkpoint import RolloutCheckpointer
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger
-from partial_rollout.pool import NoEngineLeftError
+from partial_rollout.pool import EnginePool, NoEngineLeftError
 from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
@@ -185,7 +185,8 @@ class GRPOLoop:
         if isinstance(lost, NoEngineLeftError):
             await self._stop_without_engines(lost)
         # Restored continuations may still be running: the run stops at its last step without waiting for them.
-        self.ledger.record_end(step=self.step, running=progress.live_tokens)
+        left = self.engine.live_engines if isinstance(self.engine, EnginePool) else None
+        self.ledger.record_end(step=self.step, running=progress.live_tokens, engines_left=left)
         return {
             "step": self.step,
             "rewards": self.rewards,
@@ -268,7 +269,7 @@ class GRPOLoop:
             self.step += 1
             await self.sync_weights()
             now = time.perf_counter()
-            rewards = [s.reward for g in groups for s in g.samples]
+            rewards = [cast(float, s.reward) for g in groups for s in g.samples]  # ready groups: all rewarded
             reward = sum(rewards) / len(rewards)
             self.rewards.append(reward)
             self.ledger.log(
@@ -375,10 +376,11 @@ async def run_training(
     """
     from partial_rollout.engine import EngineConfig
     from partial_rollout.models import TinyModelSpec, build_tiny_model
-    from partial_rollout.pool import EnginePool, connect_ray
+    from partial_rollout.pool import connect_ray
 
     if engine is not None and not isinstance(engine, RolloutEngine):
-        missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]
+        # Reachable from untyped callers: the annotation promises a RolloutEngine, this checks it at run time.
+        missing = [m for m in dir(RolloutEngine) if not m.startswith("_") and not hasattr(engine, m)]  # type: ignore[unreachable]
         raise ConfigError(
             f"{type(engine).__name__} is not a RolloutEngine: it lacks {', '.join(missing)}",
             field="engine",
@@ -397,7 +399,8 @@ async def run_training(
         Path(config.policy.model_name) if config.policy.model_name else build_tiny_model(TinyModelSpec(arch="llama"))
     )
     log_dir = Path(config.logger.log_dir)
-    ledger = WorkLedger(EventLog(log_dir / EVENTS_FILENAME, fresh=not resume))
+    events = EventLog(log_dir / EVENTS_FILENAME, fresh=not resume)
+    ledger = WorkLedger(events)
     policy = Policy(model_dir, config)
     step = 0
     if restore_from is not None:
@@ -421,9 +424,9 @@ async def run_training(
             engine = await EnginePool.local(engine_config, policy_version=step)
         else:
             connect_ray(config.ray.address)
-            engine = await EnginePool.ray(engine_config, gen.num_engines, policy_version=step)
-    if isinstance(engine, EnginePool):  # an engine that dies hands its requests to the others: the log says so
-        engine.failover.on_failover = lambda f: ledger.log(ENGINE_FAILOVER, **f.fields())
+            engine = await EnginePool.ray(
+                engine_config, gen.num_engines, min_engines=gen.min_engines, policy_version=step
+            )
     try:
         fingerprints = await engine.fingerprints()
         loop = GRPOLoop(
@@ -436,9 +439,13 @@ async def run_training(
             ledger.record_resume(step=0, checkpoint=None)
         else:
             loop.rollouts.start(config=config.to_json())
+        if isinstance(engine, EnginePool):
+            # An engine that dies hands its requests to the others: the log says so, after the start or
+            # resume event (a death noticed earlier, one at start-up included, is told now).
+            engine.failover.on_failover = lambda f: ledger.log(ENGINE_FAILOVER, **f.fields())
         return await loop.run()
     finally:
-        ledger.events.close()
+        events.close()
         if own_engine:
             await engine.shutdown()
 

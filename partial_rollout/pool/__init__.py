@@ -9,12 +9,13 @@ others from the tokens received, which it streamed as :class:`~partial_rollout.e
 """
 
 from partial_rollout.pool.cluster import connect as connect_ray
-from partial_rollout.pool.failover import EngineDiedError, Failover, NoEngineLeftError
+from partial_rollout.pool.failover import EngineDiedError, EngineStartError, Failover, NoEngineLeftError
 from partial_rollout.pool.pool import EnginePool, RemoteEngine
 
 __all__ = [
     "EngineDiedError",
     "EnginePool",
+    "EngineStartError",
     "Failover",
     "NoEngineLeftError",
     "RemoteEngine",

@@ -28,6 +28,10 @@ class EngineDiedError(RuntimeError):
     """A remote engine's process is gone (its Ray actor died); raised by its calls."""
 
 
+class EngineStartError(RuntimeError):
+    """Fewer engines of a pool started than the run needs; the message names each one that did not, and why."""
+
+
 class NoEngineLeftError(RuntimeError):
     """Every engine of the pool has died: a request cannot continue anywhere.
 
@@ -98,17 +102,34 @@ class Tracker:
     """Which engine holds which request, what was received of each, and which engines died.
 
     Each request notices its engine's death on its own (its stream raises); the failover is
-    reported once, when the last request the dead engine held has moved.
+    reported once, when the last request the dead engine held has moved. An engine that held no
+    request (idle, or one that never finished starting) is reported as soon as anything notices
+    its death, with nothing carried: every death is reported exactly once.
     """
 
     def __init__(self) -> None:
-        self.on_failover: Callable[[Failover], None] | None = None
-        """Called once per dead engine (a trainer writes it to its event log)."""
+        self._on_failover: Callable[[Failover], None] | None = None
+        self._unheard: list[Failover] = []
+        """Failovers reported before anyone listened (an engine that died while the pool started)."""
         self.dead: dict[int, str] = {}
         """Dead engines by position, with the error that revealed it."""
         self._held: dict[str, tuple[int | None, Accumulated]] = {}
         """Every request followed, with its engine (``None`` while it moves to another)."""
         self._moved: dict[int, dict[str, int]] = {}
+        self._reported: set[int] = set()
+
+    @property
+    def on_failover(self) -> Callable[[Failover], None] | None:
+        """Called once per dead engine (a trainer writes it to its event log); set, it first hears
+        the failovers reported before it was."""
+        return self._on_failover
+
+    @on_failover.setter
+    def on_failover(self, listener: Callable[[Failover], None] | None) -> None:
+        self._on_failover = listener
+        unheard, self._unheard = self._unheard, []
+        for report in unheard:
+            self._tell(report)
 
     def hold(self, engine: int, request_id: str, received: Accumulated) -> None:
         self._held[request_id] = (engine, received)
@@ -118,7 +139,10 @@ class Tracker:
         return {rid: received.num_tokens for rid, (e, received) in self._held.items() if e == engine}
 
     def release(self, request_id: str) -> None:
-        self._held.pop(request_id, None)
+        """``request_id`` is done (finished or cancelled); if its engine is dead, that death may be reportable now."""
+        engine, _ = self._held.pop(request_id, (None, None))
+        if engine is not None and engine in self.dead:
+            self._report(engine)
 
     def died(self, engine: int, error: BaseException) -> None:
         """Record that ``engine`` died (noticed by any call to it)."""
@@ -153,8 +177,13 @@ class Tracker:
         return {rid: held(received) for rid, (_, received) in self._held.items() if rid not in skip}
 
     def _report(self, engine: int) -> None:
-        if engine not in self._moved or any(e == engine for e, _ in self._held.values()):
+        if engine in self._reported or engine not in self.dead or any(e == engine for e, _ in self._held.values()):
             return
-        carried = self._moved.pop(engine)
-        if self.on_failover is not None:
-            self.on_failover(Failover(engine=engine, error=self.dead[engine], carried=carried))
+        self._reported.add(engine)
+        self._tell(Failover(engine=engine, error=self.dead[engine], carried=self._moved.pop(engine, {})))
+
+    def _tell(self, report: Failover) -> None:
+        if self._on_failover is None:
+            self._unheard.append(report)
+        else:
+            self._on_failover(report)

@@ -13,6 +13,7 @@ left from the tokens received (:mod:`~partial_rollout.pool.failover`).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from partial_rollout.pool import cluster, failover
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class _EngineHost:
@@ -54,6 +56,16 @@ def _why(exc: BaseException) -> str:
     """One line of Ray's several-line actor error: its kind, and its last line (why the actor died)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"the engine's Ray actor died ({type(exc).__name__}: {lines[-1] if lines else 'no reason given'})"
+
+
+def _start_failure(exc: Exception) -> str:
+    """One line: an actor that died while starting, or what its start raised (a bad config on every engine)."""
+    from ray.exceptions import RayActorError
+
+    if isinstance(exc, RayActorError):
+        return _why(exc)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else 'no reason given'}"
 
 
 class RemoteEngine:
@@ -154,6 +166,11 @@ class EnginePool:
         """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
     @property
+    def live_engines(self) -> int:
+        """Engines not known to have died (the run's ``end`` event records it)."""
+        return len(self._alive())
+
+    @property
     def placements(self) -> dict[str, int]:
         """Which engine each running request is on: set when the request is placed, before its first await."""
         return dict(self._placed)
@@ -171,6 +188,7 @@ class EnginePool:
         *,
         actor_options: dict[str, Any] | None = None,
         pin_cpus: bool = True,
+        min_engines: int = 1,
         **options: Any,
     ) -> EnginePool:
         """``num_engines`` engines, each in its own Ray actor (``ray.init`` or :func:`connect_ray` must have run).
@@ -178,16 +196,46 @@ class EnginePool:
         On a cluster with GPUs each engine asks for ``tensor_parallel_size`` GPUs; on CPU each is
         pinned to its own group of this machine's cores unless ``pin_cpus`` is off
         (:func:`cluster.placements`). ``actor_options`` override those Ray options.
+
+        An engine that dies while starting (its actor killed, its node lost) leaves the pool
+        smaller: the pool goes on with the engines that started, warns, and reports the dead one's
+        failover (nothing carried) to :attr:`failover`'s listener once there is one.
+
+        Raises:
+            EngineStartError: fewer than ``min_engines`` started (the engines that did are shut
+                down); the one-line message names each engine that did not and why.
+            ValueError: ``min_engines`` is not between 1 and ``num_engines``.
         """
         import ray
 
+        if not 1 <= min_engines <= num_engines:
+            raise ValueError(f"min_engines must be between 1 and num_engines {num_engines}, got {min_engines}")
         host = ray.remote(_EngineHost)
         placed = cluster.placements(
             num_engines, tensor_parallel_size=config.tensor_parallel_size, pin_cpus=pin_cpus, overrides=actor_options
         )
         actors = [host.options(**o).remote() for o in placed]
-        await asyncio.gather(*[a.start.remote(config, options) for a in actors])
-        return cls([RemoteEngine(a) for a in actors])
+        pool = cls([RemoteEngine(a) for a in actors])
+        started = await asyncio.gather(*[a.start.remote(config, options) for a in actors], return_exceptions=True)
+        failed = {i: _start_failure(r) for i, r in enumerate(started) if isinstance(r, Exception)}
+        if num_engines - len(failed) < min_engines:
+            await asyncio.gather(
+                *[pool.engines[i].shutdown() for i in range(num_engines) if i not in failed], return_exceptions=True
+            )
+            named = "; ".join(f"engine {i} failed to start: {why}" for i, why in failed.items())
+            raise failover.EngineStartError(
+                f"{named} ({num_engines - len(failed)} of {num_engines} started, the run needs at least {min_engines})"
+            )
+        for i, why in failed.items():
+            pool.failover.died(i, failover.EngineDiedError(f"start: {why}"))
+            logger.warning(
+                "engine %d of %d failed to start (%s); the pool goes on with %d engines",
+                i,
+                num_engines,
+                why,
+                num_engines - len(failed),
+            )
+        return pool
 
     async def generate(
         self,
