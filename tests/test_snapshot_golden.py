@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
+from golden.make_v1 import plain_value
 
 from partial_rollout.snapshot import (
     FORMAT_VERSION,
@@ -56,31 +55,6 @@ def assert_same(actual: Any, expected: Any, where: str) -> None:
         assert struct.pack("<d", actual) == struct.pack("<d", expected), f"{where}: {actual!r} != {expected!r}"
     else:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
-
-
-def plain_value(value: Any) -> Any:
-    """A loader-state value in the tagged form of the JSON (dicts as ordered pairs, tensors as raw bytes)."""
-    if isinstance(value, torch.Tensor):
-        raw = value.contiguous().flatten().view(torch.uint8).numpy().tobytes()
-        return {
-            "torch": {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape), "hex": raw.hex()}
-        }
-    if isinstance(value, np.ndarray):
-        return {"numpy": {"dtype": value.dtype.name, "shape": list(value.shape), "hex": value.tobytes().hex()}}
-    if isinstance(value, np.generic):
-        return {"numpy_scalar": {"dtype": value.dtype.name, "hex": value.tobytes().hex()}}
-    if isinstance(value, float) and not math.isfinite(value):
-        return {"float": repr(value)}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        return {"bytes": value.hex()}
-    if isinstance(value, tuple):
-        return {"tuple": [plain_value(v) for v in value]}
-    if isinstance(value, list):
-        return [plain_value(v) for v in value]
-    assert type(value) is dict, f"unexpected {type(value).__name__} in loader_state"
-    return {"dict": [[plain_value(k), plain_value(v)] for k, v in value.items()]}
 
 
 def plain_sample(sample: SampleRecord) -> dict[str, Any]:

@@ -336,8 +336,9 @@ def build_snapshot() -> Snapshot:
 # -- the expectation, as plain JSON ------------------------------------------------------------
 
 
-def _value(value: Any) -> Any:
-    """A loader-state value as plain JSON: every non-JSON type tagged by a one-key object."""
+def plain_value(value: Any) -> Any:
+    """A loader-state value as plain JSON: every non-JSON type tagged by a one-key object (the test reads
+    the loaded state back through this same form)."""
     if isinstance(value, torch.Tensor):
         raw = value.contiguous().flatten().view(torch.uint8).numpy().tobytes()
         dtype = str(value.dtype).removeprefix("torch.")
@@ -353,11 +354,11 @@ def _value(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"bytes": value.hex()}
     if isinstance(value, tuple):
-        return {"tuple": [_value(v) for v in value]}
+        return {"tuple": [plain_value(v) for v in value]}
     if isinstance(value, list):
-        return [_value(v) for v in value]
+        return [plain_value(v) for v in value]
     if isinstance(value, dict):
-        return {"dict": [[_value(k), _value(v)] for k, v in value.items()]}
+        return {"dict": [[plain_value(k), plain_value(v)] for k, v in value.items()]}
     raise TypeError(f"no plain form for {type(value).__name__}")
 
 
@@ -403,7 +404,7 @@ def expectation(path: Path) -> dict[str, Any]:
         "metadata": snap.metadata,
         "tables": tables,
         "counts": snap.counts(),
-        "loader_state": _value(snap.loader_state),
+        "loader_state": plain_value(snap.loader_state),
         "groups": [
             {
                 "group_id": g.group_id,
