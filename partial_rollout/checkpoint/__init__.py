@@ -15,14 +15,9 @@ outcome); :mod:`.window` is the frozen window and the pending write; :mod:`.stal
 definition of what a resume does with work dispatched too long ago.
 """
 
-from partial_rollout.checkpoint.checkpointer import (
-    Restored,
-    RolloutCheckpointer,
-    SampleOutcome,
-    StatefulLoader,
-)
+from partial_rollout.checkpoint.checkpointer import Restored, RolloutCheckpointer, SampleOutcome
 from partial_rollout.checkpoint.staleness import ON_STALE_CHOICES, STALE_AT_RESUME, OnStale, apply_on_stale
-from partial_rollout.checkpoint.window import ENGINE_OF_REQUEST, FrozenWindow, PendingSnapshot
+from partial_rollout.checkpoint.window import ENGINE_OF_REQUEST, FrozenWindow, PendingSnapshot, StatefulLoader
 
 __all__ = [
     "ENGINE_OF_REQUEST",

@@ -35,10 +35,10 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_on_stale
-from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot
+from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import BadInputError, SnapshotError
 from partial_rollout.ledger import EventLog, LedgerCut, WorkLedger, request_id
@@ -58,14 +58,6 @@ STATE_KEYS = (VERSION_KEY, LEDGER_KEY, LOADER_KEY)
 
 Reward = Callable[[GroupRecord, SampleRecord], float]
 """Scores one finished sample of a group (its ``data`` holds what the loader yielded)."""
-
-
-class StatefulLoader(Protocol):
-    """A loader whose cursor can be saved and restored (torchdata's ``StatefulDataLoader`` is one)."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,12 +137,6 @@ class RolloutCheckpointer:
         if self._fingerprints is None:
             assert self.engine is not None, "checked in __init__"
             self._fingerprints = await self.engine.fingerprints()
-        return self._fingerprints
-
-    def known_fingerprints(self) -> Fingerprints:
-        """:meth:`fingerprints` without an await, for the frozen window (a save asks the engine first)."""
-        if self._fingerprints is None:
-            raise RuntimeError("the engine's fingerprints are not known yet: await fingerprints() first")
         return self._fingerprints
 
     # ---------------------------------------------------------------- generation
@@ -253,19 +239,28 @@ class RolloutCheckpointer:
         For trainers that must read their own state in the cut's turn; :meth:`save` is this plus
         the cut and the thaw. ``engine=False`` opens a window over the ledger alone.
         """
-        await self.fingerprints()
+        fingerprints = await self.fingerprints()
         requested = time.perf_counter()
-        if not engine:
-            return FrozenWindow(self, None, requested)
-        if self.engine is None:
-            raise RuntimeError("this checkpointer has no engine: it can save no in-flight work")
-        self._open.clear()
-        try:
-            engine_cut = await self.engine.pause_and_capture()
-        except BaseException:
-            self._open.set()
-            raise
-        return FrozenWindow(self, engine_cut, requested)
+        engine_cut = None
+        if engine:
+            if self.engine is None:
+                raise RuntimeError("this checkpointer has no engine: it can save no in-flight work")
+            self._open.clear()
+            try:
+                engine_cut = await self.engine.pause_and_capture()
+            except BaseException:
+                self._open.set()
+                raise
+        return FrozenWindow(
+            ledger=self.ledger,
+            loader=self.loader,
+            fingerprints=fingerprints,
+            running=lambda: self.running,
+            engine_cut=engine_cut,
+            requested=requested,
+            resume=self._resume,
+            on_cut=self._cut_taken,
+        )
 
     async def _resume(self) -> None:
         assert self.engine is not None, "only a frozen engine is resumed"

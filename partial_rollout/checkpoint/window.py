@@ -19,16 +19,13 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from partial_rollout.engine import Cut
-from partial_rollout.ledger import LedgerCut
-from partial_rollout.snapshot import GroupState, SampleRecord, snapshot_path
-
-if TYPE_CHECKING:
-    from partial_rollout.checkpoint.checkpointer import RolloutCheckpointer
+from partial_rollout.ledger import LedgerCut, WorkLedger
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, snapshot_path
 
 ENGINE_OF_REQUEST = "engine_of_request"
 """Snapshot ``metadata`` key: which engine of a pool held each request in flight at the cut (request
@@ -37,13 +34,21 @@ engines it has."""
 ALL_STATES = frozenset(GroupState)
 
 
+class StatefulLoader(Protocol):
+    """A loader whose cursor can be saved and restored (torchdata's ``StatefulDataLoader`` is one)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
 class PendingSnapshot:
     """A checkpoint cut into memory and logged, to be written once (:meth:`write`)."""
 
-    def __init__(self, cut: LedgerCut, checkpointer: RolloutCheckpointer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, cut: LedgerCut, ledger: WorkLedger, loop: asyncio.AbstractEventLoop) -> None:
         self.cut = cut
         """The ledger's copy of the outstanding work."""
-        self._checkpointer = checkpointer
+        self._ledger = ledger
         self._loop = loop
         self._logged = threading.Event()
         self._written = False
@@ -83,7 +88,7 @@ class PendingSnapshot:
         self._written = True
         if folder is not None:
             self.cut.path = snapshot_path(folder)
-        ledger = self._checkpointer.ledger
+        ledger = self._ledger
         started = time.perf_counter()
         try:
             size = self.cut.write()
@@ -108,10 +113,31 @@ class PendingSnapshot:
 class FrozenWindow:
     """The engine frozen for one cut (or, for a save that keeps no in-flight work, not frozen at all)."""
 
-    def __init__(self, checkpointer: RolloutCheckpointer, engine_cut: Cut | None, requested: float) -> None:
+    def __init__(
+        self,
+        *,
+        ledger: WorkLedger,
+        loader: StatefulLoader | None,
+        fingerprints: Fingerprints,
+        running: Callable[[], frozenset[str]],
+        engine_cut: Cut | None,
+        requested: float,
+        resume: Callable[[], Awaitable[None]],
+        on_cut: Callable[[LedgerCut], None],
+    ) -> None:
+        """
+        Args:
+            ledger, loader, fingerprints: what the cut copies, reads and binds the snapshot to.
+            running: the request ids submitted and not returned, which the engine's cut must hold.
+            engine_cut: what the engine held at the freeze (``None``: the engine was not frozen).
+            requested: when the freeze was asked for (``time.perf_counter``), for the stall.
+            resume: lets the engine and the gated requests go on.
+            on_cut: told of the cut once it is taken.
+        """
         self.engine_cut = engine_cut
         """What the engine held at the freeze (``None``: the engine was not frozen)."""
-        self._checkpointer = checkpointer
+        self._ledger, self._loader, self._fingerprints, self._running = ledger, loader, fingerprints, running
+        self._resume, self._on_cut = resume, on_cut
         self._requested = requested
         self._pending: PendingSnapshot | None = None
         self._cut_ms = 0.0
@@ -147,33 +173,32 @@ class FrozenWindow:
         """
         if self._pending is not None or self._thawed:
             raise RuntimeError("a window holds one cut, taken before thaw()")
-        ckpt = self._checkpointer
         copying = time.perf_counter()
         extra = dict(metadata or {})
         if self.engine_cut is not None:
             captured = self.engine_cut.samples if samples is None else samples
-            missing = sorted(ckpt.running - set(captured))
+            missing = sorted(self._running() - set(captured))
             if missing:
                 raise RuntimeError(
                     f"the engine's cut lacks {len(missing)} running request(s) {missing[:5]}: their tokens"
                     " would be lost; the engine does not capture every request it was given"
                 )
-            ckpt.ledger.capture(captured)
+            self._ledger.capture(captured)
             if self.engine_cut.engines:
                 extra[ENGINE_OF_REQUEST] = dict(self.engine_cut.engines)
-        loader_state = None if ckpt.loader is None else ckpt.loader.state_dict()
-        cut = ckpt.ledger.cut(
+        loader_state = None if self._loader is None else self._loader.state_dict()
+        cut = self._ledger.cut(
             folder,
             trainer_step=trainer_step,
             policy_version=policy_version,
-            fingerprints=ckpt.known_fingerprints(),
+            fingerprints=self._fingerprints,
             loader_state=loader_state,
             states=states,
             metadata=extra,
         )
-        ckpt._cut_taken(cut)
+        self._on_cut(cut)
         self._cut_ms = _ms(time.perf_counter() - copying)
-        self._pending = PendingSnapshot(cut, ckpt, asyncio.get_running_loop())
+        self._pending = PendingSnapshot(cut, self._ledger, asyncio.get_running_loop())
         return self._pending
 
     async def thaw(self) -> None:
@@ -185,11 +210,11 @@ class FrozenWindow:
         if self._thawed:
             return
         self._thawed = True
-        ckpt, frozen = self._checkpointer, self.engine_cut
+        frozen = self.engine_cut
         thawing = time.perf_counter()
         try:
             if frozen is not None:
-                await ckpt._resume()
+                await self._resume()
         finally:
             pending = self._pending
             if pending is not None:
@@ -205,7 +230,7 @@ class FrozenWindow:
                             "resume_ms": _ms(resumed - thawing),
                             "engine_tokens": frozen.engine_tokens,
                         }
-                    ckpt.ledger.record_save(pending.cut, **timings)
+                    self._ledger.record_save(pending.cut, **timings)
                 finally:
                     pending._logged.set()
 
