@@ -29,10 +29,11 @@ STEPS = 10
 
 
 def test_engines_killed_at_every_moment_and_the_trainer_killed_once_lose_nothing(
-    tmp_path: Path, tiny_llama: Path
+    tmp_path: Path, tiny_llama: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     seed = int(os.environ.get("PARTIAL_ROLLOUT_FAULT_SEED", random.SystemRandom().randrange(10_000)))
-    print(f"fault-injection seed {seed} (replay with PARTIAL_ROLLOUT_FAULT_SEED={seed})")
+    with capsys.disabled():  # in the run's output whatever happens: what replays it
+        print(f"\nfault-injection seed {seed} (replay with PARTIAL_ROLLOUT_FAULT_SEED={seed})")
     base = [sys.executable, str(DRIVER), str(tmp_path), "--model", str(tiny_llama), "--seed", str(seed)]
     events_path = tmp_path / "logs" / "events.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -81,7 +82,9 @@ def test_engines_killed_at_every_moment_and_the_trainer_killed_once_lose_nothing
         for failover in (e for e in segment if e.get("kind") == ENGINE_FAILOVER):
             for rid, carried in failover["carried"].items():
                 assert finished.get(rid, carried) >= carried, (rid, carried, finished.get(rid), where)
-    print(
-        f"kills: {len(kills)} ({', '.join(k['moment'] for k in kills)}); audit: lost {report.lost}, duplicated "
-        f"{report.duplicated}, stranded {report.stranded}, tokens continued {report.tokens_continued}"
-    )
+    with capsys.disabled():
+        print(
+            f"fault-injection seed {seed}: kills {len(kills)} ({', '.join(k['moment'] for k in kills)}); audit: lost"
+            f" {report.lost}, duplicated {report.duplicated}, stranded {report.stranded}, failovers"
+            f" {sum(e.get('kind') == ENGINE_FAILOVER for e in events)}, tokens continued {report.tokens_continued}"
+        )

@@ -10,8 +10,9 @@ is the tolerance below. The guarantee is tested twice:
   (K=0, K=1, K=max_tokens-1, a prefix crossing a 128-token KV block, a 1,550-token context)
   resumed one at a time in engine B, a new engine process. Tokens and versions must be identical;
   logprobs within the noise floor, since the prefix is now prefilled where A decoded it step by
-  step, and the CPU prefill and decode kernels are not bit-identical (measured here: 3.0e-4 on the
-  first continued token at K=1). Most logprobs stay bit-identical, and that is checked too.
+  step, and the CPU prefill and decode kernels are not bit-identical (in bf16 on a CPU without AMX:
+  3.0e-4 on the first continued token at K=1; the engines run in float32 since an AMX CPU flipped
+  tokens, see the config below). Most logprobs stay bit-identical, and that is checked too.
 * **real cuts under load**: A runs the workload concurrently while two real cuts are taken
   (keep-mode pause, generation continues in place); B resumes everything concurrently, and cuts
   again while resumed requests are still queued. The saved prefix must come back bit for bit; the
@@ -106,7 +107,10 @@ def _cut_points(rid: str, prompt: list[int], spec: SamplingSpec) -> list[int]:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path, tiny_qwen2: Path) -> None:
     model = tiny_llama if arch == "llama" else tiny_qwen2
-    config = EngineConfig(model=str(model), max_model_len=2048, multiprocessing=False)
+    # float32: on a CPU with AMX, vLLM's bf16 attention takes its AMX kernel, whose one-pass prefill of
+    # the 1,550-token context differs from the decode steps enough to flip 2 of 200 seeded tokens in
+    # the same schedule (CI, 2026-12); float32 takes the non-AMX kernel, as test_engine_pool.py does.
+    config = EngineConfig(model=str(model), max_model_len=2048, multiprocessing=False, dtype="float32")
     work = _workload()
     exact_kinds = [rid for rid in work if rid not in ("penalty", "unseeded")]
 
@@ -219,7 +223,9 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
         np.testing.assert_array_equal(out.versions, alone[rid].versions, err_msg=job)
         bit_identical += int(np.sum(out.logprobs == alone[rid].logprobs))
         total += out.num_tokens
-    assert bit_identical >= 0.9 * total, f"only {bit_identical} of {total} logprobs bit-identical"
+    # float32 keeps more bits than bf16, so fewer land identical: 86-87% here (bf16 without AMX: over 90%),
+    # while every token is identical and every logprob within the float32 noise floor (about 1e-5).
+    assert bit_identical >= 0.8 * total, f"only {bit_identical} of {total} logprobs bit-identical"
 
     # under load: the saved prefix is kept bit for bit; the continuation equals the uninterrupted run
     # except where batch numerics flip a near-tie (it does, rarely: docs/exact_resume.md), after which
