@@ -5,10 +5,15 @@ Shared by the engine-fault tests and the fault-injection driver they run as a ch
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -51,3 +56,17 @@ def send(pids: list[int], sig: signal.Signals) -> None:
 def kill(pid: int) -> None:
     """SIGKILL ``pid`` and its descendants."""
     send(process_tree(pid), signal.SIGKILL)
+
+
+async def kill_one_while_starting(start: Awaitable[T], num_engines: int) -> T:
+    """Run ``start`` (a pool of ``num_engines`` starting); SIGKILL one engine host while all are starting."""
+    while engine_hosts():  # noqa: ASYNC110 - the engines of an earlier pool are still going away
+        await asyncio.sleep(0.1)
+    starting = asyncio.ensure_future(start)
+    while len(hosts := engine_hosts()) < num_engines:
+        assert not starting.done(), "the pool started before its engines could be seen"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # every engine is inside its start (vLLM takes seconds to come up)
+    assert not starting.done(), "the engines finished starting before the kill"
+    kill(hosts[-1])
+    return await starting

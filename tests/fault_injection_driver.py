@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import ray
-from engine_kills import engine_hosts, kill, process_tree, send
+from engine_kills import kill_one_while_starting, process_tree, send
 
 from partial_rollout.engine import Cut, EngineConfig
 from partial_rollout.pool import EnginePool
@@ -69,15 +69,9 @@ class FaultyPool(EnginePool):
 
 
 async def _start(config: EngineConfig, n: int, kill_at_start: bool) -> tuple[FaultyPool, int | None]:
-    starting = asyncio.ensure_future(FaultyPool.ray(config, n))
     if not kill_at_start:
-        return await starting, None  # type: ignore[return-value]
-    while len(hosts := engine_hosts()) < n:  # noqa: ASYNC110 - other processes: no event to wait on
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)  # every engine is inside its start
-    victim_pid = hosts[-1]
-    kill(victim_pid)
-    pool = await starting
+        return await FaultyPool.ray(config, n), None  # type: ignore[return-value]
+    pool = await kill_one_while_starting(FaultyPool.ray(config, n), n)
     (dead,) = pool.failover.dead
     return pool, dead  # type: ignore[return-value]
 

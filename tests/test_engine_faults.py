@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from engine_kills import engine_hosts, kill
+from engine_kills import kill, kill_one_while_starting
 
 from partial_rollout.engine import EngineConfig
 from partial_rollout.pool import EnginePool, EngineStartError, Failover
@@ -33,16 +33,7 @@ def _config(tiny_llama: Path) -> EngineConfig:
 
 async def _start_killing_one(config: EngineConfig, **options: object) -> EnginePool:
     """Start a pool of 2 and SIGKILL one engine's processes while both are still starting."""
-    while engine_hosts():  # noqa: ASYNC110 - the engines of an earlier pool are still going away
-        await asyncio.sleep(0.1)
-    starting = asyncio.ensure_future(EnginePool.ray(config, 2, **options))  # type: ignore[arg-type]
-    while len(hosts := engine_hosts()) < 2:
-        assert not starting.done(), "the pool started before its engines could be seen"
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)  # both are inside start (vLLM takes seconds to come up)
-    assert not starting.done(), "the engines finished starting before the kill"
-    kill(hosts[-1])
-    return await starting
+    return await kill_one_while_starting(EnginePool.ray(config, 2, **options), 2)  # type: ignore[arg-type]
 
 
 def test_an_engine_that_dies_while_the_pool_starts_leaves_a_smaller_pool_that_generates(

@@ -52,20 +52,22 @@ class _EngineHost:
             yield item
 
 
-def _why(exc: BaseException) -> str:
-    """One line of Ray's several-line actor error: its kind, and its last line (why the actor died)."""
+def _one_line(exc: BaseException) -> str:
+    """An error of several lines (Ray's) as one: its kind and its last line, which says why."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"the engine's Ray actor died ({type(exc).__name__}: {lines[-1] if lines else 'no reason given'})"
+    return f"{type(exc).__name__}: {lines[-1] if lines else 'no reason given'}"
+
+
+def _why(exc: BaseException) -> str:
+    """Why an engine's actor call failed: its actor died."""
+    return f"the engine's Ray actor died ({_one_line(exc)})"
 
 
 def _start_failure(exc: Exception) -> str:
     """One line: an actor that died while starting, or what its start raised (a bad config on every engine)."""
     from ray.exceptions import RayActorError
 
-    if isinstance(exc, RayActorError):
-        return _why(exc)
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1] if lines else 'no reason given'}"
+    return _why(exc) if isinstance(exc, RayActorError) else _one_line(exc)
 
 
 class RemoteEngine:
