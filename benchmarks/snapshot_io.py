@@ -161,9 +161,9 @@ def frozen_window(snapshot: Snapshot, repeats: int) -> dict[str, Any]:
             " on a core of its own, when other jobs share the machine). engine_records: the adapter's"
             " in-flight record of every live request"
             " (engine/cut.py in_flight_record: copies of the token and logprob buffers, versions, exactness;"
-            " built unchecked: the per-token checks run in the save, after resume());"
+            " and each record's own checks, which read every token);"
             " ledger_capture_and_cut: WorkLedger.capture of those records plus WorkLedger.cut (copies of the"
-            " group containers, loader cursor, manifest; no I/O). Both run inside the engine's frozen window;"
+            " group entries, loader cursor, manifest; no I/O). Both run inside the engine's frozen window;"
             " the pause and resume RPCs and the step the engine finishes first come on top (measured on the real"
             " engine in the save events). The snapshot save is after resume()."
         ),
@@ -261,8 +261,8 @@ def run(num_samples: int, num_tokens: int, folder: Path, repeats: int) -> dict[s
         "MB_per_s": {k: round(size / 1e6 / v, 1) for k, v in seconds.items()},
         "frozen_window": window,
         "notes": (
-            "Best of `repeats` runs. MB = 1e6 bytes of snapshot file. save includes checking every sample,"
-            " fsync and the atomic rename;"
+            "Best of `repeats` runs. MB = 1e6 bytes of snapshot file. save includes encoding, fsync and the"
+            " atomic rename (the records checked themselves when they were built);"
             " load and verify read, checksum and validate every byte and build every record; dump_summary is"
             " `partial-rollout dump --json` in-process: it streams every byte through its checksum but decodes"
             " only the structural tensors. Page cache evicted (posix_fadvise DONTNEED) before each read."

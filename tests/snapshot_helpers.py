@@ -7,6 +7,7 @@ break exactly one rule while keeping every checksum right, so a test sees the ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -237,6 +238,14 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
 
 
 # -- crafting damaged files -------------------------------------------------------------------
+
+
+def replace_samples(snapshot: Snapshot, change: Callable[[SampleRecord], SampleRecord]) -> Snapshot:
+    """``snapshot`` with ``change`` applied to every sample (records are frozen: a changed one is new)."""
+    return dataclasses.replace(
+        snapshot,
+        groups=[dataclasses.replace(g, samples=[change(s) for s in g.samples]) for g in snapshot.groups],
+    )
 
 
 def read_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -212,8 +212,9 @@ def test_decode_shows_a_version_mix(tmp_path: Path, capsys: pytest.CaptureFixtur
     sample = snapshot.groups[0].samples[0]
     mix = exactness.version_mix(0, 1, 1)
     versions = np.array([0] * 3 + [1] * (sample.num_tokens - 3), dtype=np.int32)
-    snapshot.groups[0].samples[0] = dataclasses.replace(sample, versions=versions, inexact=mix)
-    save_snapshot(snapshot, tmp_path / "ckpt")
+    mixed = dataclasses.replace(sample, versions=versions, inexact=mix)
+    first = dataclasses.replace(snapshot.groups[0], samples=[mixed, *snapshot.groups[0].samples[1:]])
+    save_snapshot(dataclasses.replace(snapshot, groups=[first, *snapshot.groups[1:]]), tmp_path / "ckpt")
     _, out, _ = dump(capsys, str(tmp_path / "ckpt"), "--decode")
     assert f"--- q-1/0 ({sample.num_tokens} tokens, versions 0..1, inexact: {mix})" in out
     _, out, _ = dump(capsys, str(tmp_path / "ckpt"))

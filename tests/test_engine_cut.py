@@ -1,8 +1,8 @@
 """The adapter's cut records, built from live request buffers without an engine: what the frozen window hands over.
 
-The records are built unchecked (the checks read every token, and the engine stands still while
-they are built); these tests pin that they are exactly what the checked constructor makes, own
-their arrays, and that the checks still run before a byte is written.
+The records check every token as they are built, like every record; these tests pin that they are
+exactly what the constructor makes from the same fields, own their arrays, and refuse what an engine
+should never send.
 """
 
 from __future__ import annotations
@@ -19,14 +19,9 @@ from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.vllm_internals import SamplerKind
 from partial_rollout.snapshot import (
-    Fingerprints,
-    GroupRecord,
-    GroupState,
     SampleRecord,
     SampleState,
     SamplingSpec,
-    Snapshot,
-    save_snapshot,
 )
 
 SPEC = SamplingSpec(max_tokens=64, temperature=1.0, seed=5)
@@ -110,26 +105,13 @@ def test_a_cut_record_owns_its_arrays_while_the_request_goes_on() -> None:
     assert record.token_ids.tolist() == [1, 11, 12, 13, 14] and req.token_ids[0] == 10
 
 
-def test_the_checks_a_cut_skips_run_before_the_snapshot_is_written(tmp_path: Path) -> None:
+def test_a_cut_record_is_checked_as_it_is_built() -> None:
+    """No logprob is positive: an engine that sent one is caught in the frozen window, where the
+    record is built, before any snapshot can hold it (and the engine resumes: pause_and_capture)."""
     req = _live(3, starts=[(0, 0)], index=0)
-    req.logprobs[1] = 0.5  # no logprob is positive: an engine that sent one is caught at the write
-    record = in_flight_record(req, 3, STATE, EXACT)  # the frozen window does not read the tokens
-    group = GroupRecord(
-        group_id="g", prompt_token_ids=[1, 2], state=GroupState.IN_FLIGHT, dispatch_version=0, samples=[record]
-    )
-    snapshot = Snapshot(
-        trainer_step=1,
-        policy_version=1,
-        fingerprints=Fingerprints(model="m", tokenizer="t", vocab_size=512, vllm_version="0.32.0"),
-        groups=[group],
-    )
-    with pytest.raises(
-        ValueError, match=r"group 'g' sample 0: logprobs must be finite and <= 0, got 0.5 at position 1"
-    ):
-        save_snapshot(snapshot, tmp_path / "s.safetensors")
-    assert list(tmp_path.iterdir()) == []
-    with pytest.raises(ValueError, match="logprobs must be finite"):
-        dataclasses.replace(record)  # any copy of it is checked as usual
+    req.logprobs[1] = 0.5
+    with pytest.raises(ValueError, match=r"logprobs must be finite and <= 0, got 0.5 at position 1"):
+        in_flight_record(req, 3, STATE, EXACT)
 
 
 class _FrontEnd:

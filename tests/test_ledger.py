@@ -228,12 +228,12 @@ def test_load_refuses_a_snapshot_whose_manifest_is_not_the_ledgers(tmp_path: Pat
     )  # a trainer extra may not shadow the manifest: it is overwritten
     WorkLedger().load(folder)
     snapshot = load_snapshot(folder)
-    snapshot.metadata["ledger"] = {**snapshot.metadata["ledger"], "version": 1}
-    save_snapshot(snapshot, folder)
+    old = {**snapshot.metadata, "ledger": {**snapshot.metadata["ledger"], "version": 1}}
+    save_snapshot(dataclasses.replace(snapshot, metadata=old), folder)
     with pytest.raises(SnapshotError, match=rf"{SNAPSHOT_FILENAME}: metadata\.ledger\.version: version 1, expected 2"):
         WorkLedger().load(folder)
-    del snapshot.metadata["ledger"]
-    save_snapshot(snapshot, folder)
+    unmarked = {k: v for k, v in snapshot.metadata.items() if k != "ledger"}
+    save_snapshot(dataclasses.replace(snapshot, metadata=unmarked), folder)
     with pytest.raises(SnapshotError, match=r"metadata\.ledger: missing: not written by WorkLedger"):
         WorkLedger().load(folder)
 
@@ -597,6 +597,8 @@ def test_adopted_groups_are_saved_as_their_records_are_and_reopened_ones_settle_
     save = next(e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "save")
     assert save["in_flight"] == {"flying": [0]}
     assert save["outstanding"] == save["groups"] == {"pending": 1, "in_flight": 1, "ready": 1}
+    with pytest.raises(ValueError, match="'flying' is the trainer's to train"):
+        ledger.reopen("flying")  # its finished copy is the trainer's, not ours to commit again
     ledger.consume(["flying"], step=3)
     ledger.regenerate("pending", reason="test")  # back to pending: saved as it is again
     ledger.reopen("done")

@@ -8,6 +8,7 @@ What a save with partial rollouts off loses is checked on the demo's own run (``
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from snapshot_helpers import replace_samples
 
 from partial_rollout.ledger import EVENTS_FILENAME, AuditReport, audit, effective_timeline, read_events, request_id
 from partial_rollout.snapshot import Snapshot, load_snapshot
@@ -235,10 +237,12 @@ def test_each_saved_token_carries_the_version_live_when_it_was_sampled(runs) -> 
         snapshot = load_snapshot(folder / "checkpoints" / f"step_{resume['step']}")
         here = versions_match_updates(events, save, snapshot)
         if here:
-            for _, sample in snapshot.iter_samples():
-                sample.versions = np.full_like(sample.versions, snapshot.policy_version)
+            version = snapshot.policy_version
+            pinned_snapshot = replace_samples(
+                snapshot, lambda s, v=version: dataclasses.replace(s, versions=np.full_like(s.versions, v))
+            )
             with pytest.raises(AssertionError):
-                versions_match_updates(events, save, snapshot)
+                versions_match_updates(events, save, pinned_snapshot)
         pinned += here
     assert pinned > 0  # some saved sample spanned an update, so the check was not vacuous
 

@@ -232,3 +232,23 @@ def test_nemo_rl_setup_with_a_folder_that_is_not_nemo_rl_fails_with_one_line(tmp
     assert result.stderr.startswith(f"setup-nemo-rl: NEMO_RL_SRC={tmp_path} has no nemo_rl/__init__.py")
     assert result.stderr.count("\n") == 1
     assert not (repo / ".venv-nemo-rl").exists()
+
+
+def test_vllm_matrix_setup_without_the_engine_venv_fails_with_one_line(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup_vllm_matrix.sh", repo / "scripts")
+    result = subprocess.run(
+        ["bash", "scripts/setup_vllm_matrix.sh"],
+        cwd=repo,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr == (
+        "setup-vllm-matrix: .venv does not exist; run bash scripts/setup.sh first "
+        "(the matrix takes its Python and its list of builds from it)\n"
+    )
+    assert not list(repo.glob(".venv-vllm-*"))

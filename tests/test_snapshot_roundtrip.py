@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -13,7 +14,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from safetensors.numpy import load_file
-from snapshot_helpers import VOCAB, bytes_per_token, example_snapshot, fingerprints, read_file, snapshots
+from snapshot_helpers import (
+    VOCAB,
+    bytes_per_token,
+    example_snapshot,
+    fingerprints,
+    read_file,
+    replace_samples,
+    snapshots,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from partial_rollout.errors import SnapshotError
@@ -78,7 +87,7 @@ def test_empty_snapshot(tmp_path: Path) -> None:
     save_snapshot(snap, tmp_path)
     assert (tmp_path / SNAPSHOT_FILENAME).is_file()
     loaded = load_snapshot(tmp_path)
-    assert loaded == snap and loaded.groups == [] and loaded.loader_state is None
+    assert loaded == snap and loaded.groups == () and loaded.loader_state is None
 
 
 def test_file_is_plain_safetensors(tmp_path: Path) -> None:
@@ -167,9 +176,7 @@ def test_sampler_state_costs_its_bytes(tmp_path: Path) -> None:
     snap = realistic_snapshot(16, 100)
     state = torch.Generator().manual_seed(1).get_state().numpy().tobytes()
     assert len(state) == 5056
-    with_state = realistic_snapshot(16, 100)
-    for _, s in with_state.iter_samples():
-        s.sampler_state = state
+    with_state = replace_samples(realistic_snapshot(16, 100), lambda s: dataclasses.replace(s, sampler_state=state))
     plain = save_snapshot(snap, tmp_path / "a.safetensors")
     stateful = save_snapshot(with_state, tmp_path / "b.safetensors")
     assert stateful - plain == pytest.approx(16 * 5056, abs=64)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+from dataclasses import FrozenInstanceError, replace
 from typing import Any
 
 import numpy as np
@@ -143,14 +146,14 @@ def test_group_record_rejects(fields: dict[str, Any], message: str) -> None:
     [
         (lambda g: g[1].samples[1].token_ids.__setitem__(0, 1000), "token id 1000 >= fingerprints.vocab_size 1000"),
         (lambda g: g[1].samples[1].versions.__setitem__(0, 4), "version 4 > policy_version 3"),
-        (lambda g: setattr(g[1], "dispatch_version", 9), "dispatch_version 9 > policy_version 3"),
+        (lambda g: g.__setitem__(1, replace(g[1], dispatch_version=9)), "dispatch_version 9 > policy_version 3"),
         (lambda g: g[0].prompt_token_ids.__setitem__(0, 5000), "prompt token id 5000"),
-        (lambda g: setattr(g[2], "group_id", "ready-3"), "appears twice"),
+        (lambda g: g.__setitem__(2, replace(g[2], group_id="ready-3")), "appears twice"),
     ],
 )
 def test_snapshot_checks_groups_against_its_fingerprints(change: Any, message: str) -> None:
     """Token ids must be below the vocabulary, versions at most the policy version, ids unique."""
-    groups = example_snapshot().groups
+    groups = list(example_snapshot().groups)
     change(groups)
     with pytest.raises(ValueError, match=message):
         example_snapshot(groups=groups)
@@ -183,6 +186,24 @@ def test_snapshot_counts_and_iterators() -> None:
     in_flight = [(g.group_id, s.index) for g, s in snap.iter_samples(SampleState.IN_FLIGHT)]
     assert in_flight == [("partial-1", 1), ("flight-2", 0)]
     assert [g.group_id for g in snap.iter_groups(GroupState.PENDING, GroupState.READY)] == ["pending-0", "ready-3"]
+
+
+def test_records_are_frozen_and_every_copy_is_built_by_the_constructor() -> None:
+    """A record is valid for as long as it exists: no field can be assigned, and a copy or an
+    unpickled record (one a Ray actor sent) goes through the checks of a new one."""
+    snap = example_snapshot()
+    with pytest.raises(FrozenInstanceError):
+        snap.groups[0].state = GroupState.READY  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        snap.groups[1].samples[0].reward = 1.0  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        snap.trainer_step = 5  # type: ignore[misc]
+    assert isinstance(snap.groups, tuple) and isinstance(snap.groups[1].samples, tuple)
+    assert pickle.loads(pickle.dumps(snap)) == snap and copy.deepcopy(snap) == snap
+    rebuild, (cls, fields) = snap.groups[1].samples[1].__reduce__()
+    positive = np.full(len(fields["logprobs"]), 0.5, np.float32)
+    with pytest.raises(ValueError, match="logprobs must be finite and <= 0, got 0.5 at position 0"):
+        rebuild(cls, {**fields, "logprobs": positive})
 
 
 def test_equality_is_exact() -> None:

@@ -81,26 +81,30 @@ def _straddling_stop(tokenizer: Any, prompt: list[int], tokens: list[int]) -> tu
     return None
 
 
-def test_stop_string_straddling_the_cut(loop_thread, engine: ResumableEngine, tiny_llama: Path) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+async def cut_across_a_stop_string(
+    engine: ResumableEngine, tokenizer: Any
+) -> tuple[str, int, SampleRecord, SampleRecord]:
+    """A greedy sample with a stop string straddling token K, whole and continued from its first K tokens:
+    (stop, K, whole, continued). Also tests/test_vllm_core.py's, on every vLLM build."""
     rng = random.Random(3)
     free = SamplingSpec(max_tokens=80, temperature=0.0, ignore_eos=True)  # ignore_eos: no EOS id ends it early
+    for attempt in range(20):
+        prompt = [rng.randrange(4, 500) for _ in range(12)]
+        ref = await engine.generate(f"free-{attempt}", prompt, free, index=0)
+        found = _straddling_stop(tokenizer, prompt, ref.token_ids.tolist())
+        if found is None:
+            continue
+        stop, k = found
+        spec = SamplingSpec(max_tokens=80, temperature=0.0, ignore_eos=True, stop=(stop,))
+        whole = await engine.generate(f"whole-{attempt}", prompt, spec, index=0)
+        resumed = await engine.generate(f"resumed-{attempt}", prompt, spec, index=0, resume_from=_cut(whole, k))
+        return stop, k, whole, resumed
+    raise AssertionError("no greedy generation offered a stop string across a token boundary")
 
-    async def run():
-        for attempt in range(20):
-            prompt = [rng.randrange(4, 500) for _ in range(12)]
-            ref = await engine.generate(f"free-{attempt}", prompt, free, index=0)
-            found = _straddling_stop(tokenizer, prompt, ref.token_ids.tolist())
-            if found is None:
-                continue
-            stop, k = found
-            spec = SamplingSpec(max_tokens=80, temperature=0.0, ignore_eos=True, stop=(stop,))
-            whole = await engine.generate(f"whole-{attempt}", prompt, spec, index=0)
-            resumed = await engine.generate(f"resumed-{attempt}", prompt, spec, index=0, resume_from=_cut(whole, k))
-            return stop, k, whole, resumed
-        raise AssertionError("no greedy generation offered a stop string across a token boundary")
 
-    stop, k, whole, resumed = loop_thread.run(run())
+def test_stop_string_straddling_the_cut(loop_thread, engine: ResumableEngine, tiny_llama: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    stop, k, whole, resumed = loop_thread.run(cut_across_a_stop_string(engine, tokenizer))
     # the uninterrupted run stops after the cut point, on the straddling string
     assert whole.finish_reason == "stop" and whole.stop_reason == stop and whole.num_tokens > k
     assert resumed.token_ids.tolist() == whole.token_ids.tolist(), (stop, k)

@@ -2,19 +2,19 @@
 
 It sits under ``checkpointing`` (a ``TypedDict`` inside NeMo RL's ``extra="allow"`` master config,
 so NeMo RL's validation keeps it) and not under ``rollout_checkpointing``, whose block forbids
-unknown keys. Like NeMo RL's own durability blocks it refuses keys it does not know: a misspelled
-``enabeld`` must fail at set-up, not silently turn durability off.
+unknown keys. Like NeMo RL's own durability blocks it refuses keys it does not know (see
+:mod:`partial_rollout_integrations.config_block`): a misspelled ``enabeld`` must fail at set-up,
+not silently turn durability off.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from partial_rollout.checkpoint import ON_STALE_CHOICES, OnStale
-from partial_rollout.errors import ConfigError
+from partial_rollout.checkpoint import OnStale
+from partial_rollout_integrations.config_block import check_fields, from_mapping
 
 BLOCK = "checkpointing.partial_rollouts"
 """Where the block lives in a NeMo RL config, for error messages."""
@@ -41,15 +41,7 @@ class PartialRolloutsConfig:
     their sampler states, declared inexact). Off, such a resume fails naming both versions."""
 
     def __post_init__(self) -> None:
-        for name in ("enabled", "record_events", "allow_vllm_change"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"must be true or false, got {getattr(self, name)!r}", field=f"{BLOCK}.{name}")
-        if self.on_stale not in ON_STALE_CHOICES:
-            raise ConfigError(
-                f"must be one of {', '.join(ON_STALE_CHOICES)}, got {self.on_stale!r}", field=f"{BLOCK}.on_stale"
-            )
-        if self.events_path is not None and not (isinstance(self.events_path, str) and self.events_path):
-            raise ConfigError(f"must be a file path, got {self.events_path!r}", field=f"{BLOCK}.events_path")
+        check_fields(self, block=BLOCK, flags=("enabled", "record_events", "allow_vllm_change"))
 
     @property
     def active(self) -> bool:
@@ -59,17 +51,4 @@ class PartialRolloutsConfig:
     @classmethod
     def from_checkpointing(cls, checkpointing: Mapping[str, Any] | None) -> PartialRolloutsConfig:
         """The block from NeMo RL's ``checkpointing`` section (absent means off)."""
-        raw = (checkpointing or {}).get("partial_rollouts")
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"must be a mapping, got {type(raw).__name__}", field=BLOCK)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown key {unknown[0]!r}",
-                field=f"{BLOCK}.{unknown[0]}",
-                fix=f"Known keys: {', '.join(sorted(known))}",
-            )
-        return cls(**dict(raw))
+        return from_mapping(cls, (checkpointing or {}).get("partial_rollouts"), block=BLOCK)

@@ -30,7 +30,6 @@ from nemo_rl.algorithms.single_controller import SingleControllerActor
 from partial_rollout.checkpoint import apply_on_stale
 from partial_rollout.errors import ConfigError
 from partial_rollout.snapshot import GroupState
-from partial_rollout_integrations.nemo_rl import seams
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.hooks import (
     LedgerLoader,
@@ -39,6 +38,7 @@ from partial_rollout_integrations.nemo_rl.hooks import (
     SnapshotCheckpointManager,
 )
 from partial_rollout_integrations.nemo_rl.session import GROUP_KEY, Session
+from partial_rollout_integrations.seams import unwrap
 
 RECORD_FOLDER = "ledger_{step}"
 """Folder (beside ``events.jsonl``) of a record-only run's ledger at checkpoint ``step_N``."""
@@ -68,7 +68,7 @@ def _checkpoint_step(path: str) -> int:
 
 def controller_class() -> Any:
     """NeMo RL's ``SingleControllerActor`` with partial rollouts, as a Ray actor class."""
-    base: Any = SingleControllerActor.__ray_metadata__.modified_class
+    base: Any = unwrap(SingleControllerActor)
 
     class PartialRolloutController(base):  # type: ignore[misc]  # subclasses NeMo RL's actor class, Any here
         """NeMo RL's SingleController that loses no prompt at a checkpoint (see the module docstring)."""
@@ -81,12 +81,6 @@ def controller_class() -> Any:
                 self._pr = self._install(config, master_config, actor_args)
 
         def _install(self, config: PartialRolloutsConfig, master_config: Any, actor_args: Any) -> _Installed:
-            for name, obj in (
-                ("SingleControllerActor", self),
-                ("RolloutManager", self._rollout_manager),
-                ("TQReplayBuffer", self._buffer),
-            ):
-                seams.check_instance(name, obj)
             engine = getattr(self._gen, "engine", None)
             if config.enabled and engine is None:
                 raise ConfigError(

@@ -22,10 +22,8 @@ Everything else is NeMo RL's: ``SingleControllerActor``, ``RolloutManager``, ``A
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,6 @@ from typing import Any
 
 import ray
 import torch
-from safetensors.torch import load_file, save_file
 
 import partial_rollout
 from partial_rollout.engine import EngineConfig
@@ -41,6 +38,7 @@ from partial_rollout.errors import ConfigError
 from partial_rollout.pool import EnginePool
 from partial_rollout_integrations.nemo_rl.generation import EngineGeneration
 from partial_rollout_integrations.nemo_rl.session import GenerationSettings
+from partial_rollout_integrations.noisy_policy import NoisyPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ENGINE_PYTHON = REPO / ".venv" / "bin" / "python"
@@ -184,8 +182,9 @@ class ParityEnvironment:
 class CpuTrainer:
     """Stands in for NeMo RL's CUDA trainer (``TQPolicy``): a fake training step, real weights.
 
-    Each finished step adds seeded noise to every weight and writes the result as a model folder,
-    so the weights the engines sample from change at every step, as in training. The policy and
+    Each finished step is a step of its :class:`~partial_rollout_integrations.noisy_policy.NoisyPolicy`
+    (seeded noise on every weight, written as a model folder), so the weights the engines sample
+    from change at every step, as in training. The policy and
     reference logprobs NeMo RL's advantage stage reads are the behaviour logprobs copied (a real
     trainer recomputes them on the GPU); the other training calls are no-ops. ``save_checkpoint``
     writes the weights where NeMo RL asks; a resumed run starts from them.
@@ -202,25 +201,7 @@ class CpuTrainer:
         step: int,
     ) -> None:
         self._dp = dp_client
-        self._model_dir = model_dir
-        self._work_dir = work_dir
-        self._noise = noise
-        self.version = step
-        source = resume_from if resume_from is not None else model_dir
-        self._weights = load_file(str(source / "model.safetensors"))
-        self.weights_dir = self._write()
-
-    def _write(self) -> Path:
-        folder = self._work_dir / f"v{self.version}"
-        if not (folder / "model.safetensors").is_file():
-            tmp = folder.with_name(folder.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            shutil.copy(self._model_dir / "config.json", tmp / "config.json")
-            save_file(self._weights, str(tmp / "model.safetensors"))
-            shutil.rmtree(folder, ignore_errors=True)
-            os.rename(tmp, folder)
-        return folder
+        self.policy = NoisyPolicy(model_dir, work_dir, noise=noise, version=step, weights_from=resume_from)
 
     # NeMo RL's trainer calls (the data they name lives in the data plane; a fake does not read it).
     def prepare_for_lp_inference(self, keep_train_buffers: bool = False) -> None:
@@ -251,25 +232,14 @@ class CpuTrainer:
         del meta
 
     def finish_train_step(self) -> dict[str, Any]:
-        self.version += 1
-        gen = torch.Generator().manual_seed(self.version)
-        self._weights = {
-            k: (v.float() + self._noise * torch.randn(v.shape, generator=gen)).to(v.dtype)
-            if v.is_floating_point()
-            else v
-            for k, v in self._weights.items()
-        }
-        self.weights_dir = self._write()
+        self.policy.step()
         return {}
 
     def save_checkpoint(
         self, *, weights_path: str, optimizer_path: str | None, tokenizer_path: str, checkpointing_cfg: Any
     ) -> None:
         del checkpointing_cfg
-        os.makedirs(weights_path, exist_ok=True)
-        save_file(self._weights, os.path.join(weights_path, "model.safetensors"))
-        with open(os.path.join(weights_path, "version.json"), "w") as f:
-            json.dump({"version": self.version}, f)
+        self.policy.save(weights_path)
         for path in (optimizer_path, tokenizer_path):
             if path is not None:
                 os.makedirs(path, exist_ok=True)
@@ -290,7 +260,7 @@ class CpuWeightSync:
 
     def sync_weights(self, *, kv_scales: Any = None) -> None:
         del kv_scales  # called from a worker thread (asyncio.to_thread): a loop of its own
-        asyncio.run(self._engine.update_weights(str(self._trainer.weights_dir), self._trainer.version))
+        asyncio.run(self._engine.update_weights(str(self._trainer.policy.weights_dir), self._trainer.policy.version))
 
     def shutdown(self) -> None:
         pass

@@ -51,6 +51,7 @@ from partial_rollout.engine import Cut, EngineConfig, ResumableEngine, WorkerHoo
 from partial_rollout.errors import ConfigError
 from partial_rollout.pool import EnginePool, RemoteEngine
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
+from partial_rollout_integrations.nemo_rl import seams
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.generation import EngineGeneration
 from partial_rollout_integrations.nemo_rl.session import GenerationSettings, Session
@@ -72,7 +73,9 @@ ENGINE_METHODS = frozenset(
 def __getattr__(name: str) -> Any:
     if name != "WorkerExtension":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from nemo_rl.models.generation.vllm.vllm_backend import VllmInternalWorkerExtension
+    from nemo_rl.models.generation.vllm.vllm_backend import VllmInternalWorkerExtension  # ImportError without vLLM
+
+    seams.check_vllm_seams()
 
     cls = type(
         "WorkerExtension",
@@ -226,6 +229,7 @@ def install_worker_resolution(config: PartialRolloutsConfig) -> bool:
     """With the flag on, make ``VllmGeneration`` create :class:`PartialRolloutVllmWorker`; returns whether it did."""
     if not config.enabled:
         return False
+    seams.check_gpu_seams()
     from nemo_rl.distributed import ray_actor_environment_registry as registry
     from nemo_rl.models.generation.vllm import vllm_generation
 

@@ -33,10 +33,9 @@ from typing import Any
 from partial_rollout.checkpoint import FrozenWindow, PendingSnapshot, RolloutCheckpointer
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import SnapshotError
-from partial_rollout.ledger import TRAIN_STEP, request_id
+from partial_rollout.ledger import TRAIN_STEP, GroupEntry, request_id
 from partial_rollout.snapshot import (
     Fingerprints,
-    GroupRecord,
     GroupState,
     SampleRecord,
     SampleState,
@@ -188,7 +187,7 @@ class Session:
         self._progress: dict[tuple[str, int], SampleProgress] = {}
         """Samples of dispatched groups that have not finished, by (group id, index)."""
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.restored: dict[str, GroupRecord] = {}
+        self.restored: dict[str, GroupEntry] = {}
         """Groups restored from a snapshot that have not been dispatched again yet."""
         self._started = time.perf_counter()
         self._last_step: tuple[float, float] = (self._started, 0.0)
@@ -218,12 +217,9 @@ class Session:
             self.ledger.dispatch(group_id, self.policy_version)
         if nemo_group_id is not None:
             self._nemo_ids[nemo_group_id] = group_id
-            group.data = {
-                **group.data,
-                NEMO_GROUP_KEY: nemo_group_id,
-            }  # replaced, never changed in place (a cut shares it)
+            self.ledger.set_data(group_id, {**group.data, NEMO_GROUP_KEY: nemo_group_id})
 
-    def _continue(self, group: GroupRecord) -> None:
+    def _continue(self, group: GroupEntry) -> None:
         """A restored in-flight group is dispatched again: each sample replays its turns, then continues."""
         saved_turns = group.data.get(TURNS_KEY, {})
         for sample in group.samples:
@@ -309,7 +305,7 @@ class Session:
         """Every sample of the group was generated and scored: it is ready for NeMo RL's buffer."""
         progresses = {index: self._progress.pop((group_id, index)) for index in range(len(rewards))}
         # Its turns stay with it: a group finished here but not in NeMo RL's buffer at a cut is replayed.
-        _keep_turns(self.ledger[group_id], progresses)
+        self.ledger.set_data(group_id, _with_turns(self.ledger[group_id].data, progresses))
         for index, reward in enumerate(rewards):
             last = progresses[index].last
             assert last is not None, "a finished sample without a generation"
@@ -378,7 +374,7 @@ class Session:
             if rid not in running and progress.last is not None and (progress.done or not progress.stepped):
                 samples[rid] = progress.last
         for group in self.ledger.groups(GroupState.IN_FLIGHT):
-            _keep_turns(group, by_group.get(group.group_id, {}))
+            self.ledger.set_data(group.group_id, _with_turns(group.data, by_group.get(group.group_id, {})))
         return window.cut(
             folder,
             trainer_step=trainer_step,
@@ -430,13 +426,13 @@ class Session:
         return again
 
 
-def _keep_turns(group: GroupRecord, progresses: Mapping[int, SampleProgress]) -> None:
-    """Put the samples' completed turns (and why any could not be kept) into the group's ``data``."""
-    data = {k: v for k, v in group.data.items() if k not in (TURNS_KEY, UNSAVEABLE_KEY)}
+def _with_turns(data: Mapping[str, Any], progresses: Mapping[int, SampleProgress]) -> dict[str, Any]:
+    """A group's ``data`` holding its samples' completed turns (and why any could not be kept)."""
+    data = {k: v for k, v in data.items() if k not in (TURNS_KEY, UNSAVEABLE_KEY)}
     saved = {str(i): list(p.turns) for i, p in progresses.items() if p.turns}
     unsaveable = {str(i): p.unsaveable for i, p in progresses.items() if p.unsaveable is not None}
     if saved:
         data[TURNS_KEY] = saved
     if unsaveable:
         data[UNSAVEABLE_KEY] = unsaveable
-    group.data = data  # replaced, never changed in place (an earlier cut shares it)
+    return data

@@ -52,9 +52,9 @@ from tqdm import tqdm
 from partial_rollout.checkpoint import RolloutCheckpointer
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import ConfigError
-from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, WorkLedger
+from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, GroupEntry, WorkLedger
 from partial_rollout.pool import EnginePool, NoEngineLeftError
-from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
 from partial_rollout_integrations.reference_grpo.policy import Policy
@@ -242,7 +242,7 @@ class GRPOLoop:
         self.inflight_permits.release()
         self.ready_changed.set()
 
-    def _reward(self, group: GroupRecord, record: SampleRecord) -> float:
+    def _reward(self, group: GroupEntry, record: SampleRecord) -> float:
         data = self.config.data
         return task.reward(group.data, record.token_ids, num_buckets=data.num_buckets, reward_tokens=data.reward_tokens)
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from partial_rollout.atomic import atomic_write
-from partial_rollout.snapshot import GroupRecord
+from partial_rollout.ledger import GroupEntry
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
 from partial_rollout_integrations.reference_grpo.grpo import clipped_surrogate_loss, group_advantages, sampled_logprobs
 
@@ -45,7 +45,7 @@ class Policy:
         opt = config.policy.optimizer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
 
-    def train_step(self, groups: Sequence[GroupRecord]) -> dict[str, float]:
+    def train_step(self, groups: Sequence[GroupEntry]) -> dict[str, float]:
         """One GRPO update on ``groups`` (all ready: every sample finished and rewarded)."""
         rows, behaviour, rewards, samplings = [], [], [], []
         for group in groups:

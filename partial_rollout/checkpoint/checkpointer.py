@@ -41,8 +41,8 @@ from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_
 from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
 from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import BadInputError, SnapshotError
-from partial_rollout.ledger import EventLog, LedgerCut, WorkLedger, request_id
-from partial_rollout.snapshot import Fingerprints, GroupRecord, GroupState, SampleRecord, SampleState, Snapshot
+from partial_rollout.ledger import EventLog, GroupEntry, LedgerCut, WorkLedger, request_id
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, Snapshot
 
 STATE_VERSION = 1
 """Version of :meth:`RolloutCheckpointer.state_dict`."""
@@ -56,7 +56,7 @@ LOADER_KEY = "loader"
 live one before any cut, so a fresh target has the structure DCP loads into)."""
 STATE_KEYS = (VERSION_KEY, LEDGER_KEY, LOADER_KEY)
 
-Reward = Callable[[GroupRecord, SampleRecord], float]
+Reward = Callable[[GroupEntry, SampleRecord], float]
 """Scores one finished sample of a group (its ``data`` holds what the loader yielded)."""
 
 
@@ -284,7 +284,7 @@ class RolloutCheckpointer:
         *,
         allow_vllm_change: bool = False,
         on_stale: OnStale = "continue",
-        is_stale: Callable[[GroupRecord], bool] | None = None,
+        is_stale: Callable[[GroupEntry], bool] | None = None,
         settle: bool = True,
         check_fingerprints: bool = True,
         **resume_fields: Any,

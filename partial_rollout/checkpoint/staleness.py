@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Literal, get_args
 
-from partial_rollout.ledger import WorkLedger
-from partial_rollout.snapshot import GroupRecord
+from partial_rollout.ledger import GroupEntry, WorkLedger
 
 OnStale = Literal["continue", "regenerate", "drop"]
 """``continue``: keep the work (the trainer's sampler may still evict it later); ``regenerate``:
@@ -31,9 +30,9 @@ def check_on_stale(value: str, *, field: str = "on_stale") -> OnStale:
 
 def apply_on_stale(
     ledger: WorkLedger,
-    groups: Iterable[GroupRecord],
+    groups: Iterable[GroupEntry],
     *,
-    is_stale: Callable[[GroupRecord], bool],
+    is_stale: Callable[[GroupEntry], bool],
     policy: OnStale,
 ) -> dict[str, OnStale]:
     """Apply ``policy`` to each of ``groups`` that ``is_stale``; returns what was done, by group id.

@@ -71,13 +71,10 @@ class Accumulated:
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
         sampler_state: bytes | None = None,
-        checked: bool = True,
     ) -> SampleRecord:
         """The saved prefix (if any) stitched with the first ``n`` tokens received (default: all), as ``state``.
 
-        The arrays are copies: the buffers go on growing. ``checked=False`` builds an unfinished record
-        without its per-token checks (:meth:`SampleRecord.unchecked`: an engine's cut, while the engine
-        stands still; the save checks it).
+        The arrays are copies: the buffers go on growing.
         """
         n = self.num_tokens if n is None else n
         tokens = np.frombuffer(self.token_ids, dtype=np.int32, count=n).copy()
@@ -87,19 +84,6 @@ class Accumulated:
             tokens = np.concatenate([self.base.token_ids, tokens])
             logprobs = np.concatenate([self.base.logprobs, logprobs])
             versions = np.concatenate([self.base.versions, versions])
-        if not checked:
-            if state is SampleState.FINISHED:
-                raise ValueError("only an unfinished record is built unchecked")
-            return SampleRecord.unchecked(
-                index=self.index,
-                state=state,
-                sampling=self.sampling,
-                token_ids=tokens,
-                logprobs=logprobs,
-                versions=versions,
-                sampler_state=sampler_state,
-                inexact=inexact,
-            )
         return SampleRecord(
             index=self.index,
             state=state,

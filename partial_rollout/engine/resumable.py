@@ -102,7 +102,7 @@ class ResumableEngine:
             require_exact: refuse to start where seeded samples could not continue exactly;
                 otherwise such samples are marked ``inexact`` with the reason, and a warning says so once.
             trust_untested: use the internals on a vLLM build or model runner they were not tested
-                on (:data:`~partial_rollout.engine.vllm_internals.TESTED`), after
+                on (:data:`~partial_rollout.engine.vllm_internals.BUILDS`), after
                 ``partial-rollout check-resume`` showed exact continuations there.
             count_steps: count engine steps in :meth:`progress` (turns on vLLM's per-step
                 statistics, a small cost per step).
@@ -394,7 +394,10 @@ class ResumableEngine:
                         " expects), so no cut is taken and the engine resumes"
                     )
                 engine_tokens += count
-                record = cut.in_flight_record(req, count, state, self._capabilities)
+                try:
+                    record = cut.in_flight_record(req, count, state, self._capabilities)
+                except ValueError as exc:
+                    raise ValueError(f"{rid}: the engine's output is not a valid record: {exc}") from None
                 if record.inexact and record.inexact not in self._warned:
                     self._warned.add(record.inexact)
                     warnings.warn(f"some samples will not resume exactly: {record.inexact}", stacklevel=2)

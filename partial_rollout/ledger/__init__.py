@@ -15,6 +15,7 @@
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
 from partial_rollout.ledger.cut import LedgerCut
+from partial_rollout.ledger.entry import GroupEntry
 from partial_rollout.ledger.events import (
     ENGINE_FAILOVER,
     EVENTS_FILENAME,
@@ -35,6 +36,7 @@ __all__ = [
     "EventKind",
     "EventLog",
     "EventTail",
+    "GroupEntry",
     "LedgerCut",
     "WorkLedger",
     "audit",

@@ -1,8 +1,8 @@
 """The ledger's half of a checkpoint, split in two so the engine stays frozen only for the cheap one.
 
-Inside the engine's frozen window the ledger only copies its group containers into a
-:class:`LedgerCut`; validating every token, encoding and writing the snapshot happen later, in
-:meth:`LedgerCut.write`, while the engine runs again.
+Inside the engine's frozen window the ledger only copies its group entries into a
+:class:`LedgerCut`; turning them into records (which checks them), encoding and writing the snapshot
+happen later, in :meth:`LedgerCut.write`, while the engine runs again.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from partial_rollout.ledger.entry import GroupEntry
 from partial_rollout.ledger.events import SaveEvent
-from partial_rollout.snapshot import Fingerprints, GroupRecord, Snapshot, save_snapshot
+from partial_rollout.snapshot import Fingerprints, Snapshot, save_snapshot
 
 
 @dataclass(kw_only=True, eq=False)
@@ -21,9 +22,8 @@ class LedgerCut:
 
     :meth:`~partial_rollout.ledger.WorkLedger.cut` takes it inside the engine's frozen window;
     :meth:`write` encodes and writes it later, in any thread, while the ledger goes on changing.
-    The groups are copies (their state and sample lists are what the ledger changes); the sample
-    records and arrays are shared, because the ledger never changes a record (or a group's
-    ``data``) in place, it replaces it.
+    The groups are copies of the ledger's entries (:meth:`GroupEntry.copy`); their sample records,
+    frozen, are shared.
     """
 
     path: Path
@@ -36,8 +36,8 @@ class LedgerCut:
     """Policy version at the cut."""
     fingerprints: Fingerprints
     """Identities a resume must match."""
-    groups: list[GroupRecord]
-    """Copies of the groups saved (those in the requested states), in yield order."""
+    groups: list[GroupEntry]
+    """Copies of the entries of the groups saved (those in the requested states), in yield order."""
     loader_state: dict[str, Any] | None
     """A deep copy of the loader's cursor at the cut."""
     counters: dict[str, int]
@@ -52,12 +52,16 @@ class LedgerCut:
     """The ledger's ``last_save_id`` and ``snapshot_file`` before the cut (restored if the write fails)."""
 
     def to_snapshot(self) -> Snapshot:
-        """The snapshot of this cut; validating it reads every token, so it is not done in the frozen window."""
+        """The snapshot of this cut; checking it reads every token, so it is not done in the frozen window.
+
+        Raises:
+            ValueError: a group is invalid (e.g. ready with unfinished samples), naming it.
+        """
         return Snapshot(
             trainer_step=self.trainer_step,
             policy_version=self.policy_version,
             fingerprints=self.fingerprints,
-            groups=self.groups,
+            groups=[g.record() for g in self.groups],
             loader_state=self.loader_state,
             counters=self.counters,
             evicted_by_reason=self.evicted_by_reason,

@@ -3,15 +3,23 @@
 A group leaves the ledger only when training *consumes* it or a sampler *evicts* it for a stated
 reason; anything else that makes it disappear is a loss, and the event log shows it. The ledger is
 trainer-agnostic: the trainer names groups with stable ids (e.g. ``e0:17`` for dataset index 17 of
-epoch 0), reports each transition, and the ledger keeps the :class:`GroupRecord` of every
-outstanding group, writes one event per transition to ``events.jsonl``, and cuts the
-:class:`~partial_rollout.snapshot.Snapshot` from those records at a checkpoint.
+epoch 0), reports each transition, and the ledger keeps a :class:`~partial_rollout.ledger.entry.GroupEntry`
+of every outstanding group (its own mutable state, which each transition changes), writes one event
+per transition to ``events.jsonl``, and at a checkpoint turns those entries into the frozen records
+of a :class:`~partial_rollout.snapshot.Snapshot`.
 
 Life of a group and the events it produces::
 
     yield ──> dispatch ──> finish (one per sample) ──> ready ──> consume | evict(reason)
       │           └─ regenerate (prefixes discarded, back to pending)
       └─ evict(reason) (e.g. dropped at resume by the on_stale policy)
+
+**Groups the trainer's own checkpoint holds.** A trainer that checkpoints its own buffer of finished
+groups reads it at another instant than our cut, so at a resume the two can disagree, and two
+transitions reconcile them: :meth:`WorkLedger.adopt_ready` (``ready`` with a reason) for a group the
+trainer holds finished while our snapshot holds it unfinished (it is trained from the trainer's copy,
+and saved as its samples here are until then), and :meth:`WorkLedger.reopen` for a group ready here
+that the trainer's checkpoint lacks (it goes back in flight, to be committed again).
 
 Plus run-level events: ``start`` (a fresh run), ``save`` (a checkpoint's cut, with a ``save_id``;
 then ``save_written`` or ``save_failed`` once its file is written or could not be),
@@ -38,6 +46,7 @@ through too.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import secrets
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -47,6 +56,7 @@ import numpy as np
 
 from partial_rollout.errors import BadInputError, SnapshotError
 from partial_rollout.ledger.cut import LedgerCut
+from partial_rollout.ledger.entry import GroupEntry
 from partial_rollout.ledger.events import (
     ConsumeEvent,
     DispatchEvent,
@@ -95,7 +105,7 @@ class WorkLedger:
 
     def __init__(self, events: EventLog | None = None) -> None:
         self.events = events
-        self._groups: dict[str, GroupRecord] = {}
+        self._groups: dict[str, GroupEntry] = {}
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self.evicted_by_reason: dict[str, int] = {}
         self.last_save_id: str | None = None
@@ -104,8 +114,6 @@ class WorkLedger:
         """Name of the snapshot file of that checkpoint (``partial_rollouts.safetensors`` in its folder)."""
         self._held: list[tuple[EventKind, bool, dict[str, Any]]] | None = None
         """Events logged between :meth:`cut` and :meth:`record_save`, written after the ``save`` event."""
-        self._ready_elsewhere: dict[str, GroupState] = {}
-        """Groups :meth:`adopt_ready` made ready, with the state their records here are in."""
 
     # ---------------------------------------------------------------- transitions
 
@@ -116,23 +124,32 @@ class WorkLedger:
         samplings: Sequence[SamplingSpec],
         *,
         data: dict[str, Any] | None = None,
-    ) -> GroupRecord:
-        """Record a prompt the loader just yielded, as a pending group of ``len(samplings)`` samples."""
+    ) -> GroupEntry:
+        """Record a prompt the loader just yielded, as a pending group of ``len(samplings)`` samples.
+
+        Raises:
+            ValueError: the id is outstanding already, or the group is invalid as a snapshot would
+                hold it (e.g. ``data`` that is not JSON-native).
+        """
         if group_id in self._groups:
             raise ValueError(f"group {group_id!r} is already outstanding; group ids must be unique")
-        group = GroupRecord(
-            group_id=group_id,
-            prompt_token_ids=np.asarray(prompt_token_ids, dtype=np.int32),
-            data=dict(data or {}),
-            state=GroupState.PENDING,
-            samples=[SampleRecord(index=i, state=SampleState.NOT_STARTED, sampling=s) for i, s in enumerate(samplings)],
+        group = GroupEntry.of(
+            GroupRecord(
+                group_id=group_id,
+                prompt_token_ids=np.asarray(prompt_token_ids, dtype=np.int32),
+                data=dict(data or {}),
+                state=GroupState.PENDING,
+                samples=[
+                    SampleRecord(index=i, state=SampleState.NOT_STARTED, sampling=s) for i, s in enumerate(samplings)
+                ],
+            )
         )
         self._groups[group_id] = group
         self.counters["yielded"] += 1
         self._emit(EventKind.YIELD, YieldEvent(prompt=group_id))
         return group
 
-    def dispatch(self, group_id: str, policy_version: int) -> GroupRecord:
+    def dispatch(self, group_id: str, policy_version: int) -> GroupEntry:
         """Record that a pending group was handed to the engine under ``policy_version``."""
         group = self._get(group_id, GroupState.PENDING)
         group.state = GroupState.IN_FLIGHT
@@ -185,54 +202,57 @@ class WorkLedger:
             self._emit(EventKind.READY, ReadyEvent(prompt=group_id))
         return group.state is GroupState.READY
 
-    def adopt_ready(self, group_id: str, *, reason: str) -> GroupRecord:
-        """Mark a group ready that the trainer holds finished in its own checkpoint, while this ledger
+    def adopt_ready(self, group_id: str, *, reason: str) -> GroupEntry:
+        """Mark a group ready that the trainer's own checkpoint holds finished, while this ledger
         holds it unfinished; the trainer's copy is the one trained.
 
-        A trainer that reads its own replay buffer for its checkpoint some awaits after our cut (NeMo
-        RL does) can hold a group that finished in between finished, while our snapshot holds it in
-        flight. Until the group is consumed, a cut saves it as its records here are (pending or in
-        flight): a snapshot keeps no ready group with unfinished samples, and a later resume whose
-        trainer lacks it continues it from there.
+        A trainer that reads its own buffer for its checkpoint some awaits after our cut can hold a
+        group that finished in between finished, while our snapshot holds it in flight. Until the
+        group is consumed, a cut saves it as its samples here are (pending or in flight,
+        :attr:`GroupEntry.saved_state`): a snapshot keeps no ready group with unfinished samples, and
+        a later resume whose trainer lacks it continues it from there.
         """
         group = self._get(group_id)
         if group.state is not GroupState.READY:
-            self._ready_elsewhere[group_id] = group.state
+            group.trainer_holds = True
             group.state = GroupState.READY
             self._emit(EventKind.READY, ReadyEvent(prompt=group_id, reason=reason))
         return group
 
-    def reopen(self, group_id: str) -> GroupRecord:
+    def reopen(self, group_id: str) -> GroupEntry:
         """Put a ready group back in flight, for a trainer whose own checkpoint lacks it: it is
-        committed again (its finished samples come back at once) and settles anew."""
+        committed again (its finished samples come back at once) and settles anew.
+
+        Raises:
+            ValueError: the group is not ready, or the trainer's checkpoint holds it (:meth:`adopt_ready`).
+        """
         group = self._get(group_id, GroupState.READY)
-        assert group_id not in self._ready_elsewhere, f"{group_id}: its finished copy is the trainer's"
+        if group.trainer_holds:
+            raise ValueError(f"group {group_id!r} is the trainer's to train (adopt_ready): it cannot be reopened")
         group.state = GroupState.IN_FLIGHT
         self._emit(EventKind.REOPEN, ReopenEvent(prompt=group_id))
         return group
 
-    def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupRecord]:
+    def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupEntry]:
         """Record that training step ``step`` consumed these ready groups; they leave the ledger."""
         taken = []
         for group_id in group_ids:
             taken.append(self._get(group_id, GroupState.READY))
             del self._groups[group_id]
-            self._ready_elsewhere.pop(group_id, None)
             self.counters["consumed"] += 1
             self._emit(EventKind.CONSUME, ConsumeEvent(prompt=group_id, step=step))
         return taken
 
-    def evict(self, group_id: str, *, reason: str) -> GroupRecord:
+    def evict(self, group_id: str, *, reason: str) -> GroupEntry:
         """Record that a group was dropped on purpose (e.g. ``too_stale``); it leaves the ledger."""
         group = self._get(group_id)
         del self._groups[group_id]
-        self._ready_elsewhere.pop(group_id, None)
         self.counters["evicted"] += 1
         self.evicted_by_reason[reason] = self.evicted_by_reason.get(reason, 0) + 1
         self._emit(EventKind.EVICT, EvictEvent(prompt=group_id, reason=reason, state=group.state.value))
         return group
 
-    def regenerate(self, group_id: str, *, reason: str) -> GroupRecord:
+    def regenerate(self, group_id: str, *, reason: str) -> GroupEntry:
         """Discard a group's generated tokens and make it pending again (it will be dispatched anew)."""
         group = self._get(group_id)
         discarded = sum(s.num_tokens for s in group.samples)
@@ -241,7 +261,7 @@ class WorkLedger:
         ]
         group.state = GroupState.PENDING
         group.dispatch_version = -1
-        self._ready_elsewhere.pop(group_id, None)
+        group.trainer_holds = False
         self._emit(EventKind.REGENERATE, RegenerateEvent(prompt=group_id, reason=reason, discarded_tokens=discarded))
         return group
 
@@ -263,9 +283,19 @@ class WorkLedger:
                 else:
                     group.samples[i] = _with_index(captured, i)
 
+    def set_data(self, group_id: str, data: dict[str, Any]) -> GroupEntry:
+        """Replace a group's ``data`` (e.g. what a resume needs to replay a multi-turn sample).
+
+        The ledger keeps a copy, and a cut shares the dict it had. The save checks it is
+        JSON-native, as it checks every record.
+        """
+        group = self._get(group_id)
+        group.data = dict(data)
+        return group
+
     # ---------------------------------------------------------------- queries
 
-    def groups(self, *states: GroupState) -> Iterator[GroupRecord]:
+    def groups(self, *states: GroupState) -> Iterator[GroupEntry]:
         """Outstanding groups in any of ``states`` (all when none is given), in yield order."""
         return (g for g in list(self._groups.values()) if not states or g.state in states)
 
@@ -275,7 +305,7 @@ class WorkLedger:
     def __contains__(self, group_id: object) -> bool:
         return group_id in self._groups
 
-    def __getitem__(self, group_id: str) -> GroupRecord:
+    def __getitem__(self, group_id: str) -> GroupEntry:
         return self._get(group_id)
 
     # ---------------------------------------------------------------- run-level events
@@ -331,8 +361,8 @@ class WorkLedger:
 
         Call it in the engine's frozen window right after :meth:`capture`, with the loader's
         cursor read in the same window, then :meth:`record_save` once the engine runs again. It
-        does no I/O and does not validate tokens (that is :meth:`LedgerCut.write`'s job), so it
-        costs a copy of the group containers. Until :meth:`record_save`, events are held back, so
+        does no I/O and builds no record (that is :meth:`LedgerCut.write`'s job), so it costs a
+        copy of the group entries. Until :meth:`record_save`, events are held back, so
         the ``save`` event sits in the log exactly where the cut was taken.
         """
         if self._held is not None:
@@ -341,13 +371,16 @@ class WorkLedger:
         previous = (self.last_save_id, self.snapshot_file)
         self.last_save_id = f"step{trainer_step}-{secrets.token_hex(4)}"
         self.snapshot_file = path.name
-        copies = [_copy_group(g, self._ready_elsewhere.get(g.group_id, g.state)) for g in self._groups.values()]
-        groups = [g for g in copies if g.state in states]
+        copies = [g.copy() for g in self._groups.values()]
+        groups = [g for g in copies if g.saved_state in states]
         outstanding = {state.value: 0 for state in GroupState}
         for group in copies:
-            outstanding[group.state.value] += 1
+            outstanding[group.saved_state.value] += 1
         unfinished = sum(
-            s.state is not SampleState.FINISHED for g in copies if g.state is GroupState.IN_FLIGHT for s in g.samples
+            s.state is not SampleState.FINISHED
+            for g in copies
+            if g.saved_state is GroupState.IN_FLIGHT
+            for s in g.samples
         )
         saved_in_flight = [s for g in groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
         event = SaveEvent(
@@ -355,7 +388,7 @@ class WorkLedger:
             step=trainer_step,
             policy_version=policy_version,
             outstanding=outstanding,
-            groups={state.value: sum(g.state is state for g in groups) for state in GroupState},
+            groups={state.value: sum(g.saved_state is state for g in groups) for state in GroupState},
             samples_unfinished=unfinished,
             samples_in_flight=len(saved_in_flight),
             prefix_tokens=sum(s.num_tokens for s in saved_in_flight),
@@ -363,7 +396,7 @@ class WorkLedger:
             in_flight={
                 g.group_id: [s.index for s in g.samples if s.state is not SampleState.FINISHED]
                 for g in groups
-                if g.state is GroupState.IN_FLIGHT
+                if g.saved_state is GroupState.IN_FLIGHT
             },
         )
         cut = LedgerCut(
@@ -403,8 +436,8 @@ class WorkLedger:
     def record_save_failed(self, cut: LedgerCut, *, error: str) -> None:
         """Log that ``cut`` could not be written; the manifest names the last save that exists again.
 
-        The groups are untouched (the cut held copies), so the next save works as if this one
-        had never been tried.
+        The groups are untouched (the cut took copies of their entries), so the next save works as if
+        this one had never been tried.
         """
         if self.last_save_id == cut.save_id:
             self.last_save_id, self.snapshot_file = cut.previous_save
@@ -471,8 +504,7 @@ class WorkLedger:
             parse_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
         )
         self.snapshot_file = file.name  # the file actually read, should it have been renamed
-        self._groups = {g.group_id: g for g in snapshot.groups}
-        self._ready_elsewhere = {}
+        self._groups = {g.group_id: GroupEntry.of(g) for g in snapshot.groups}
         return snapshot
 
     def state_dict(self) -> dict[str, Any]:
@@ -500,7 +532,6 @@ class WorkLedger:
         """
         self._adopt(parse_manifest(state_dict, error=BadInputError, path=None, field="ledger state"))
         self._groups = {}
-        self._ready_elsewhere = {}
 
     # ---------------------------------------------------------------- internals
 
@@ -511,7 +542,7 @@ class WorkLedger:
         self.last_save_id = manifest.last_save_id
         self.snapshot_file = manifest.snapshot_file
 
-    def _get(self, group_id: str, state: GroupState | None = None) -> GroupRecord:
+    def _get(self, group_id: str, state: GroupState | None = None) -> GroupEntry:
         group = self._groups.get(group_id)
         if group is None:
             raise KeyError(f"group {group_id!r} is not outstanding in the ledger")
@@ -528,19 +559,5 @@ class WorkLedger:
             self.events.append(event, durable=durable, **record)
 
 
-def _copy_group(group: GroupRecord, state: GroupState) -> GroupRecord:
-    """A group in ``state`` whose state and sample list can change without changing the original (records shared)."""
-    twin = copy.copy(group)
-    twin.state = state
-    twin.samples = list(group.samples)
-    return twin
-
-
 def _with_index(sample: SampleRecord, index: int) -> SampleRecord:
-    if sample.index == index:
-        return sample
-    return SampleRecord(**{**_fields(sample), "index": index})
-
-
-def _fields(sample: SampleRecord) -> dict[str, Any]:
-    return {name: getattr(sample, name) for name in SampleRecord.__dataclass_fields__}
+    return sample if sample.index == index else dataclasses.replace(sample, index=index)

@@ -114,10 +114,10 @@ def check_counts(name: str, value: Any) -> dict[str, int]:
 
 
 def values_equal(a: Any, b: Any) -> bool:
-    """Field equality for the records' ``__eq__``: arrays by dtype and contents, lists item by item,
-    anything else by type and value (a field holding ``1`` differs from one holding ``1.0``)."""
+    """Field equality for the records' ``__eq__``: arrays by dtype and contents, lists and tuples item
+    by item, anything else by type and value (a field holding ``1`` differs from one holding ``1.0``)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, list) and isinstance(b, list):
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
         return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b

@@ -67,14 +67,19 @@ def load_snapshot(
         return snapshot
     reason = f"saved under vLLM {saved}, continued under vLLM {now}"
     warnings.warn(f"{reader.path}: in-flight samples continue inexactly: {reason}", stacklevel=2)
-    for group in snapshot.groups:
-        group.samples = [
-            s
-            if s.state is not SampleState.IN_FLIGHT
-            else dataclasses.replace(s, sampler_state=None, inexact=s.inexact or reason)
-            for s in group.samples
-        ]
-    return snapshot
+    groups = [
+        dataclasses.replace(
+            group,
+            samples=[
+                s
+                if s.state is not SampleState.IN_FLIGHT
+                else dataclasses.replace(s, sampler_state=None, inexact=s.inexact or reason)
+                for s in group.samples
+            ],
+        )
+        for group in snapshot.groups
+    ]
+    return dataclasses.replace(snapshot, groups=groups)
 
 
 class SnapshotReader:

@@ -105,18 +105,12 @@ class SamplingSpec:
         clash = sorted(set(self.extra) & _SAMPLING_FIELDS)
         if clash:
             raise ValueError(f"sampling.extra must not repeat a named field: {clash}; set the field itself")
-        canonical_json(self.extra, what="sampling.extra")
+        if self.extra:  # an empty one is JSON; a reader rebuilds a spec per seeded sample
+            canonical_json(self.extra, what="sampling.extra")
 
     def with_seed(self, seed: int | None) -> SamplingSpec:
         """A copy with another seed (a resume may derive a fresh seed for the continuation)."""
-        if seed is not None:
-            seed = check_int("sampling.seed", seed, minimum=INT64_MIN, maximum=INT64_MAX)
-        clone = object.__new__(SamplingSpec)  # every other field is already valid: skip __post_init__
-        for name in _FIELD_NAMES:
-            object.__setattr__(clone, name, getattr(self, name))
-        object.__setattr__(clone, "seed", seed)
-        object.__setattr__(clone, "extra", dict(self.extra))
-        return clone
+        return dataclasses.replace(self, seed=seed)
 
     def unseeded_key(self) -> tuple[Any, ...]:
         """A hashable key equal for specs that differ at most in ``seed`` (for deduplication)."""

@@ -4,10 +4,15 @@ A :class:`Snapshot` is one consistent cut taken at a checkpoint. It holds prompt
 prompt x n samples, GRPO-style), the *samples* of each group with the tokens generated so far, the
 data loader's cursor, fingerprints that guard the resume, and accounting counters.
 
-These classes are plain data: the engine adapter builds them from live requests, the file format
+These classes are frozen values: the engine adapter builds them from live requests, the ledger
+builds them from its own mutable entries when it saves, and the file format
 (:mod:`partial_rollout.snapshot.writer` / :mod:`~partial_rollout.snapshot.reader`) stores them. Every
-class validates itself on construction and raises :class:`ValueError` naming the field, so a bug in
-the code that builds a snapshot is caught before anything is written. A sample's parameters are a
+class validates itself on construction, and only there, and raises :class:`ValueError` naming the
+field, so a bug in the code that builds a snapshot is caught where it builds it, before anything is
+written. Being frozen, a record is valid for as long as it exists and can be shared (by a cut, a
+resume, another thread) without a copy; a changed record is a new one (``dataclasses.replace``,
+which validates it again). Copies and unpickled records are built through the constructor too
+(``__reduce__``), so a record from a Ray actor is checked as it arrives. A sample's parameters are a
 :class:`~partial_rollout.snapshot.sampling.SamplingSpec`, the snapshot's identities
 :class:`~partial_rollout.snapshot.fingerprints.Fingerprints`; each has its own module.
 """
@@ -16,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +66,7 @@ class SampleState(enum.StrEnum):
     """Generation ended (``finish_reason`` says why)."""
 
 
-@dataclass(kw_only=True, slots=True, eq=False)
+@dataclass(kw_only=True, slots=True, frozen=True, eq=False)
 class SampleRecord:
     """One completion of a group's prompt: the tokens generated so far and how to continue them.
 
@@ -93,52 +99,19 @@ class SampleRecord:
     """Why a continuation cannot reproduce an uninterrupted run, when it cannot."""
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    @classmethod
-    def unchecked(
-        cls,
-        *,
-        index: int,
-        state: SampleState,
-        sampling: SamplingSpec,
-        token_ids: np.ndarray,
-        logprobs: np.ndarray,
-        versions: np.ndarray,
-        sampler_state: bytes | None = None,
-        inexact: str | None = None,
-    ) -> SampleRecord:
-        """An unfinished record built without :meth:`validate`, for the engine adapter's cut.
-
-        The cut builds one record per live request while the engine stands still, and the checks
-        read every token: at 10,000 requests x 2,000 tokens they took 0.074 s of CPU, against
-        0.09 s for building the records (``benchmarks/snapshot_io.py --cut-only``). The caller
-        passes fields in their stored form (1-D int32 / float32 / int32 arrays of one length, bytes
-        or None). The checks are not skipped but moved after the engine resumes:
-        :func:`~partial_rollout.snapshot.save_snapshot` validates every sample before it writes a
-        byte (records unpickled from a Ray engine actor, which skip construction, are checked there
-        too).
-        """
-        record = object.__new__(cls)
-        record.index, record.state, record.sampling = index, state, sampling
-        record.token_ids, record.logprobs, record.versions = token_ids, logprobs, versions
-        record.finish_reason, record.stop_reason, record.reward = None, None, None
-        record.sampler_state, record.inexact = sampler_state, inexact
-        return record
-
-    def validate(self) -> None:
-        """Check every field and convert lists to arrays of the stored dtypes (what construction does).
+        """Check every field and convert lists to arrays of the stored dtypes.
 
         Raises:
             ValueError: naming the field and the offending value.
         """
-        self.index = check_int("index", self.index, minimum=0)
-        self.state = SampleState(self.state)
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "index", check_int("index", self.index, minimum=0))
+        set_(self, "state", SampleState(self.state))
         if not isinstance(self.sampling, SamplingSpec):
             raise ValueError(f"sampling must be a SamplingSpec, got {type(self.sampling).__name__}")
-        self.token_ids = check_array("token_ids", self.token_ids, np.int32)
-        self.logprobs = check_array("logprobs", self.logprobs, np.float32)
-        self.versions = check_array("versions", self.versions, np.int32)
+        set_(self, "token_ids", check_array("token_ids", self.token_ids, np.int32))
+        set_(self, "logprobs", check_array("logprobs", self.logprobs, np.float32))
+        set_(self, "versions", check_array("versions", self.versions, np.int32))
         n = len(self.token_ids)
         if len(self.logprobs) != n or len(self.versions) != n:
             raise ValueError(
@@ -150,27 +123,27 @@ class SampleRecord:
         if n:
             if self.token_ids.min() < 0:
                 raise ValueError(f"token_ids must be >= 0, got {self.token_ids.min()}")
-            if not (np.isfinite(self.logprobs.min()) and self.logprobs.max() <= 0):  # NaN fails both
+            if not (math.isfinite(self.logprobs.min()) and self.logprobs.max() <= 0):  # NaN fails both
                 i = int(np.flatnonzero(~(np.isfinite(self.logprobs) & (self.logprobs <= 0)))[0])
                 raise ValueError(f"logprobs must be finite and <= 0, got {self.logprobs[i]} at position {i}")
             if self.versions.min() < 0:
                 raise ValueError(f"versions must be >= 0, got {self.versions.min()}")
         if self.finish_reason is not None:
-            self.finish_reason = check_text("finish_reason", self.finish_reason)
+            set_(self, "finish_reason", check_text("finish_reason", self.finish_reason))
         if isinstance(self.stop_reason, str):
             check_text("stop_reason", self.stop_reason)
         elif self.stop_reason is not None:
-            self.stop_reason = check_int("stop_reason", self.stop_reason)
+            set_(self, "stop_reason", check_int("stop_reason", self.stop_reason))
         if self.reward is not None:
-            self.reward = check_float("reward", self.reward)
+            set_(self, "reward", check_float("reward", self.reward))
         if self.sampler_state is not None:
             if not isinstance(self.sampler_state, (bytes, bytearray, memoryview)):
                 raise ValueError(f"sampler_state must be bytes or None, got {type(self.sampler_state).__name__}")
-            self.sampler_state = bytes(self.sampler_state)
+            set_(self, "sampler_state", bytes(self.sampler_state))
             if not self.sampler_state:
                 raise ValueError("sampler_state must not be empty; use None when there is none")
         if self.inexact is not None:
-            self.inexact = check_text("inexact", self.inexact)
+            set_(self, "inexact", check_text("inexact", self.inexact))
             if not self.inexact:
                 raise ValueError("inexact must be a non-empty reason or None")
         self._check_state()
@@ -201,8 +174,11 @@ class SampleRecord:
             return NotImplemented
         return all(values_equal(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _construct, (type(self), _field_values(self))
 
-@dataclass(kw_only=True, slots=True, eq=False)
+
+@dataclass(kw_only=True, slots=True, frozen=True, eq=False)
 class GroupRecord:
     """One prompt and its n samples (GRPO's unit of training)."""
 
@@ -216,22 +192,20 @@ class GroupRecord:
     """Pending, in flight, or ready."""
     dispatch_version: int = -1
     """Policy version when the group was dispatched; -1 while pending."""
-    samples: list[SampleRecord]
-    """The samples, in index order."""
+    samples: Sequence[SampleRecord]
+    """The samples, in index order (stored as a tuple)."""
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Check every field, and the samples' states against the group's (what construction does).
+        """Check every field, and the samples' states against the group's.
 
         Raises:
             ValueError: naming the field and the offending value.
         """
-        self.group_id = check_text("group_id", self.group_id)
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "group_id", check_text("group_id", self.group_id))
         if not self.group_id:
             raise ValueError("group_id must not be empty")
-        self.prompt_token_ids = check_array("prompt_token_ids", self.prompt_token_ids, np.int32)
+        set_(self, "prompt_token_ids", check_array("prompt_token_ids", self.prompt_token_ids, np.int32))
         if not len(self.prompt_token_ids):
             raise ValueError("prompt_token_ids must not be empty (engines refuse empty prompts)")
         if self.prompt_token_ids.min() < 0:
@@ -239,9 +213,13 @@ class GroupRecord:
         if not isinstance(self.data, dict):
             raise ValueError(f"data must be a dict, got {type(self.data).__name__}")
         canonical_json(self.data, what="data")
-        self.state = GroupState(self.state)
-        self.dispatch_version = check_int("dispatch_version", self.dispatch_version, minimum=-1, maximum=INT64_MAX)
-        self.samples = list(self.samples)
+        set_(self, "state", GroupState(self.state))
+        set_(
+            self,
+            "dispatch_version",
+            check_int("dispatch_version", self.dispatch_version, minimum=-1, maximum=INT64_MAX),
+        )
+        set_(self, "samples", tuple(self.samples))
         if not self.samples:
             raise ValueError("a group needs at least one sample (they carry the sampling parameters)")
         for position, sample in enumerate(self.samples):
@@ -249,17 +227,6 @@ class GroupRecord:
                 raise ValueError(f"samples[{position}] must be a SampleRecord, got {type(sample).__name__}")
             if sample.index != position:
                 raise ValueError(f"samples[{position}] has index {sample.index}; samples must be in index order 0..n-1")
-        self.check_states()
-
-    def check_states(self) -> None:
-        """Check the group's state against its dispatch version and its samples' states.
-
-        A ledger changes these after construction, so the writer checks them again; the other
-        fields it checks only once, here.
-
-        Raises:
-            ValueError: naming what disagrees.
-        """
         if self.state is GroupState.PENDING:
             if self.dispatch_version != -1:
                 raise ValueError(f"a pending group has dispatch_version -1, got {self.dispatch_version}")
@@ -281,8 +248,11 @@ class GroupRecord:
             return NotImplemented
         return all(values_equal(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _construct, (type(self), _field_values(self))
 
-@dataclass(kw_only=True, slots=True, eq=False)
+
+@dataclass(kw_only=True, slots=True, frozen=True, eq=False)
 class Snapshot:
     """Everything a trainer needs to resume without losing a prompt or a generated token."""
 
@@ -292,8 +262,8 @@ class Snapshot:
     """Policy version at save time; no token was generated by a newer one."""
     fingerprints: Fingerprints
     """Identities a resume must match."""
-    groups: list[GroupRecord] = field(default_factory=list)
-    """Every prompt group the trainer had handed out and not consumed."""
+    groups: Sequence[GroupRecord] = ()
+    """Every prompt group the trainer had handed out and not consumed (stored as a tuple)."""
     loader_state: dict[str, Any] | None = None
     """The data loader's cursor, e.g. ``StatefulDataLoader.state_dict()`` (tensors allowed, no pickle)."""
     counters: dict[str, int] = field(default_factory=dict)
@@ -304,11 +274,12 @@ class Snapshot:
     """JSON-native extras of the trainer (run name, config hash, ...)."""
 
     def __post_init__(self) -> None:
-        self.trainer_step = check_int("trainer_step", self.trainer_step, minimum=0, maximum=INT64_MAX)
-        self.policy_version = check_int("policy_version", self.policy_version, minimum=0, maximum=INT32_MAX)
+        set_ = object.__setattr__  # frozen: normalise in place once
+        set_(self, "trainer_step", check_int("trainer_step", self.trainer_step, minimum=0, maximum=INT64_MAX))
+        set_(self, "policy_version", check_int("policy_version", self.policy_version, minimum=0, maximum=INT32_MAX))
         if not isinstance(self.fingerprints, Fingerprints):
             raise ValueError(f"fingerprints must be a Fingerprints, got {type(self.fingerprints).__name__}")
-        self.groups = list(self.groups)
+        set_(self, "groups", tuple(self.groups))
         seen: set[str] = set()
         for position, group in enumerate(self.groups):
             if not isinstance(group, GroupRecord):
@@ -321,8 +292,8 @@ class Snapshot:
             if not isinstance(self.loader_state, dict):
                 raise ValueError(f"loader_state must be a dict or None, got {type(self.loader_state).__name__}")
             state_codec.encode(self.loader_state)
-        self.counters = check_counts("counters", self.counters)
-        self.evicted_by_reason = check_counts("evicted_by_reason", self.evicted_by_reason)
+        set_(self, "counters", check_counts("counters", self.counters))
+        set_(self, "evicted_by_reason", check_counts("evicted_by_reason", self.evicted_by_reason))
         if not isinstance(self.metadata, dict):
             raise ValueError(f"metadata must be a dict, got {type(self.metadata).__name__}")
         canonical_json(self.metadata, what="metadata")
@@ -363,6 +334,9 @@ class Snapshot:
             for f in dataclasses.fields(self)
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _construct, (type(self), _field_values(self))
+
 
 def check_group(group: GroupRecord, *, vocab_size: int, policy_version: int) -> None:
     """Check what a group cannot check alone: token ids against the vocabulary, versions against the policy.
@@ -384,3 +358,12 @@ def check_group(group: GroupRecord, *, vocab_size: int, policy_version: int) -> 
         if sample.versions.max() > policy_version:
             version = sample.versions.max()
             raise ValueError(f"{where} sample {sample.index}: version {version} > policy_version {policy_version}")
+
+
+def _field_values(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
+def _construct(cls: type[Any], fields: dict[str, Any]) -> Any:
+    """Rebuild a pickled or copied record through its constructor, so it is checked like any other."""
+    return cls(**fields)

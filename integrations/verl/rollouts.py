@@ -1,0 +1,149 @@
+"""The trainer's half of partial rollouts for verl: the checkpointer over verl's durable servers.
+
+verl's trainer is synchronous and its agent loops are in other processes, so this object runs the
+library's :class:`~partial_rollout.RolloutCheckpointer` on an event loop of its own and adds what
+verl needs around the library's protocol: the TransferQueue's tags read in the frozen window
+(:mod:`.reconcile`), and at a restore the samples each agent-loop client must continue, hand back
+or leave alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from partial_rollout import RolloutCheckpointer
+from partial_rollout.checkpoint import PendingSnapshot
+from partial_rollout.ledger import request_id
+from partial_rollout.snapshot import GroupState, SampleState
+from partial_rollout_integrations.verl.reconcile import TqView, reconcile
+from partial_rollout_integrations.verl.servers import VerlServers
+from partial_rollout_integrations.verl.wire import HeldSample, sample_key, split_key, trajectory_key
+
+T = TypeVar("T")
+
+
+class DurableRollouts:
+    """The ledger of a verl run's samples and its checkpoints (see the module docstring)."""
+
+    def __init__(
+        self,
+        handles: Sequence[Any],
+        *,
+        events: str | os.PathLike[str],
+        n: int,
+        read_tq: Callable[[], Mapping[str, Mapping[str, Any]]],
+    ) -> None:
+        """
+        Args:
+            handles: the durable servers' Ray actor handles.
+            events: the run's ``events.jsonl`` (appended to across restarts).
+            n: samples per prompt (verl's ``actor_rollout_ref.rollout.n``).
+            read_tq: returns the training partition's TransferQueue tags, key to tag.
+        """
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="partial-rollout-verl", daemon=True)
+        self._thread.start()
+        self.servers = VerlServers(handles)
+        self._n = n
+        self._read_tq = read_tq
+        self.checkpointer = self._run(self._make(events))
+        self.restored: dict[str, HeldSample] = {}
+        """Samples a restore found unfinished or not yet stored in verl's TransferQueue, by key."""
+        self.stored: frozenset[str] = frozenset()
+        """Keys of samples a restore found finished in verl's TransferQueue."""
+        self._forget: list[str] = []
+
+    async def _make(self, events: str | os.PathLike[str]) -> RolloutCheckpointer:
+        return RolloutCheckpointer(self.servers, events=events)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @property
+    def ledger(self) -> Any:
+        return self.checkpointer.ledger
+
+    # ---------------------------------------------------------------- save
+
+    def cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
+        """Freeze the servers, level the ledger with the TQ, cut into memory, thaw; write it next."""
+        return self._run(self._cut(folder, step=step, policy_version=policy_version))
+
+    async def _cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
+        window = await self.checkpointer.freeze()
+        try:
+            tq = TqView.of(self._read_tq())
+            held = self.servers.held
+            self._forget = reconcile(self.ledger, held, tq, n=self._n, policy_version=policy_version, step=step)
+            self.restored = {k: v for k, v in self.restored.items() if self._unfinished(k)}
+            # A restored sample no server has taken up yet is still the snapshot's; a server's copy is newer.
+            captured = {**self.restored, **held}
+            samples = {request_id(*split_key(key)): sample.record for key, sample in captured.items()}
+            return window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
+        finally:
+            await window.thaw()
+
+    def _unfinished(self, key: str) -> bool:
+        uid, session = split_key(key)
+        if uid not in self.ledger:
+            return False
+        group = self.ledger[uid]
+        return group.state is GroupState.IN_FLIGHT and group.samples[session].state is not SampleState.FINISHED
+
+    def end(self, *, step: int) -> None:
+        """At the end of training: level the ledger with the TQ once more and log the ``end`` event."""
+        self._run(self._end(step))
+
+    async def _end(self, step: int) -> None:
+        await self.servers.pause_and_capture()
+        try:
+            tq = TqView.of(self._read_tq())
+            reconcile(self.ledger, self.servers.held, tq, n=self._n, policy_version=step, step=step)
+        finally:
+            await self.servers.resume()
+        # verl dispatches every sample of a prompt at once (one agent-loop task each): a sample of a
+        # group still in flight when training ends was being generated, or queued for a server.
+        running = {
+            request_id(g.group_id, s.index)
+            for g in self.ledger.groups(GroupState.IN_FLIGHT)
+            for s in g.samples
+            if s.state is not SampleState.FINISHED
+        }
+        self.ledger.record_end(step=step, running=sorted(running))
+
+    def written(self) -> None:
+        """After the checkpoint committed: the servers drop the finished samples verl now holds."""
+        forget, self._forget = self._forget, []
+        self._run(self.servers.forget(forget))
+
+    # ---------------------------------------------------------------- resume
+
+    def start(self) -> None:
+        self.checkpointer.start(trainer="verl")
+
+    def restore(self, folder: str, *, step: int, allow_vllm_change: bool = False) -> None:
+        """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it."""
+        self._run(self.checkpointer.restore(folder, allow_vllm_change=allow_vllm_change, settle=False, step=step))
+        tq = TqView.of(self._read_tq())
+        restored: dict[str, HeldSample] = {}
+        stored = set()
+        for group in self.ledger.groups(GroupState.IN_FLIGHT):
+            prompt = group.prompt_token_ids.tolist()
+            for sample in group.samples:
+                key = sample_key(group.group_id, sample.index)
+                if trajectory_key(key) in tq.stored:
+                    stored.add(key)
+                elif sample.state is not SampleState.NOT_STARTED:
+                    restored[key] = HeldSample(
+                        key=key, prompt_token_ids=prompt, record=sample, continued_tokens=sample.num_tokens
+                    )
+        self.restored, self.stored = restored, frozenset(stored)
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)

@@ -1,0 +1,148 @@
+"""The verl classes, methods and attributes partial rollouts use, checked at set-up.
+
+verl's V1 trainer is young and its private methods move between releases, so the integration names
+the verl versions it was tested on and, before a run starts, looks up every name it calls,
+overrides or reads. A verl without one of them fails at set-up in one line naming what is missing,
+the tested version and the fix, never at the first checkpoint. ``tests/verl`` keeps this list
+complete: a verl name used in ``integrations/verl/`` that is not probed here fails them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from partial_rollout.errors import ConfigError
+from partial_rollout_integrations.seams import Seam, check
+from partial_rollout_integrations.verl.config import BLOCK
+
+TESTED_VERSIONS = ("0.9.1",)
+"""verl releases the integration's tests ran against (the package index's wheel)."""
+
+ROOTS = ("verl", "transfer_queue")
+"""The top-level packages whose names :data:`SEAMS` lists (TransferQueue is verl's replay store)."""
+
+
+_TRAINER = "verl.trainer.ppo.v1.trainer_base"
+_AGENT_LOOP = "verl.trainer.ppo.v1.agent_loop_tq"
+_LLM_SERVER = "verl.workers.rollout.llm_server"
+_REPLICA = "verl.workers.rollout.replica"
+
+SEAMS: tuple[Seam, ...] = (
+    # The entry point (__main__, runner): verl's main_ppo, mirrored.
+    Seam("verl.trainer.main_ppo", None, ("main", "run_ppo", "TaskRunnerV1")),
+    Seam("verl.trainer.main_ppo", "TaskRunnerV1", ("run", "init_agent_loop_manager")),
+    Seam("verl.utils.config", None, ("validate_config",)),
+    Seam("verl.trainer.ppo.utils", None, ("need_critic", "need_reference_policy")),
+    Seam("verl.utils.device", None, ("auto_set_device",)),
+    # The trainer: save, load and re-issue own the in-flight work.
+    Seam(_TRAINER, None, ("get_trainer_cls", "register_trainer", "TRAINER_REGISTRY")),
+    Seam(
+        _TRAINER,
+        "PPOTrainer",
+        (
+            "_save_checkpoint",
+            "_load_checkpoint",
+            "_reissue_inflight_prompts",
+            "_setup",
+            "fit",
+            "_submit_batch_to_rollout",
+            "get_llm_client",
+            "_rollout_server_managers",
+            "llm_server_manager",
+            "agent_loop_manager",
+            "global_steps",
+            "config",
+            # The CPU harness's _setup builds what verl's builds, from verl's own steps and these.
+            "_init_tokenizer",
+            "_init_dataloader",
+            "_init_dump_executor",
+            "actor_rollout_wg",
+            "checkpoint_manager",
+            "reward_loop_manager",
+            "resource_pool_manager",
+        ),
+    ),
+    Seam("verl.trainer.ppo.v1.trainer_colocate_async", "PPOTrainerColocateAsync", bases=("PPOTrainer",)),
+    Seam(
+        "verl.trainer.ppo.v1.trainer_separate_async",
+        "PPOTrainerSeparateAsync",
+        ("standalone_server_manager",),
+        bases=("PPOTrainer",),
+    ),
+    Seam("verl.utils.tensordict_utils", None, ("assign_non_tensor_data",)),
+    # The agent loops: where a trajectory's stable identity (TQ uid, session, turn) is known.
+    Seam(
+        _AGENT_LOOP,
+        "AgentLoopWorkerTQ",
+        ("__init__", "_run_agent_loop", "_run_prompt", "_agent_loop_postprocess", "generate_sequences", "llm_client"),
+    ),
+    Seam(
+        _AGENT_LOOP,
+        "AgentLoopManagerTQ",
+        ("__init__", "create", "generate_sequences", "agent_loop_workers_class", "agent_loop_workers"),
+    ),
+    # The async client: where the partial tokens of earlier attempts live.
+    Seam(_LLM_SERVER, "LLMServerClient", ("_vllm_request_id",)),
+    Seam(_LLM_SERVER, "FullyAsyncLLMServerClient", ("__init__", "generate"), bases=("LLMServerClient",)),
+    Seam(
+        _LLM_SERVER,
+        "LLMServerManager",
+        ("create", "get_client", "get_replicas", "server_handles", "rollout_replica_class"),
+    ),
+    # The LLM servers behind verl's router, and what they return.
+    Seam(_REPLICA, "RolloutReplicaRegistry", ("register",)),
+    Seam(
+        _REPLICA,
+        "RolloutReplica",
+        (
+            "init_standalone",
+            "init_hybrid",
+            "launch_servers",
+            "servers",
+            "_server_handle",
+            "_server_address",
+            "config",
+            "replica_rank",
+            "max_concurrency",
+        ),
+    ),
+    Seam(_REPLICA, "TokenOutput", ("token_ids", "log_probs", "stop_reason", "extra_fields")),
+    # Weight syncs abort every request; the cut must see them drained.
+    Seam(
+        "verl.checkpoint_engine",
+        "CheckpointEngineManager",
+        ("update_weights", "abort_replicas", "sleep_replicas", "resume_generation_replicas"),
+    ),
+    # The CPU harness: verl's reward loop as is, and what verl's trainer calls on a worker group.
+    Seam("verl.experimental.reward_loop", None, ("RewardLoopManager",)),
+    Seam("verl.single_controller.base.worker_group", "WorkerGroup", ("_dispatch_info",)),
+    Seam("verl.single_controller.base.worker", "Worker", ("_query_dispatch_info",)),
+    # TransferQueue: verl's replay state, saved beside our snapshot.
+    Seam(
+        "transfer_queue",
+        None,
+        ("save_checkpoint", "load_checkpoint", "kv_list", "kv_batch_get", "kv_batch_put", "kv_clear"),
+    ),
+)
+"""Every verl (and TransferQueue) name the integration uses, checked by :func:`check_seams`."""
+
+
+def installed_version() -> str:
+    """verl's installed version, or ``"not installed"``."""
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _fail(what: str) -> ConfigError:
+    return ConfigError(
+        f"this verl ({installed_version()}) has no {what}",
+        field=f"{BLOCK}.enable",
+        fix=f"Use a verl release partial rollouts were tested on ({', '.join(TESTED_VERSIONS)}) or turn the flag off",
+    )
+
+
+def check_seams() -> None:
+    """Raise :class:`ConfigError` naming the first verl name the integration uses that this verl lacks."""
+    check(SEAMS, _fail)

@@ -1,0 +1,153 @@
+"""verl's V1 async trainers with partial rollouts: the three methods that own save, load and re-issue.
+
+verl saves its TransferQueue at a checkpoint and, at a resume, clears every trajectory of each
+unfinished prompt group and generates the whole group again (``_reissue_inflight_prompts``). With
+the mixin, a checkpoint also holds every sample in flight (prefix, logprobs, per-token versions,
+sampler state) and those finished that verl has not stored yet, in ``global_step_N/`` and on disk
+before verl writes ``latest_checkpointed_iteration.txt``; a resume keeps a group's finished
+siblings, continues its unfinished samples from their prefixes, and runs only the samples that had
+not started. Everything else is verl's own trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import transfer_queue as tq
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.utils import tensordict_utils as tu
+
+from partial_rollout_integrations.verl.client import DurableLLMServerClient
+from partial_rollout_integrations.verl.config import PartialRolloutCheckpointConfig
+from partial_rollout_integrations.verl.rollouts import DurableRollouts
+
+PARTITION = "train"
+logger = logging.getLogger(__name__)
+
+
+class PartialRolloutCheckpoint:
+    """Mixed in before a verl V1 async trainer class (see the module docstring)."""
+
+    config: Any
+    global_steps: int
+    _durable: DurableRollouts | None = None
+
+    # ---------------------------------------------------------------- set-up
+
+    @property
+    def durable(self) -> DurableRollouts:
+        """The run's rollout ledger, made once the servers run (verl's ``_setup`` loads after launching them)."""
+        if self._durable is None:
+            events = self._block().events_file(self.config.trainer.default_local_dir)
+            os.makedirs(os.path.dirname(os.path.abspath(events)), exist_ok=True)
+            handles = [h for m in self._rollout_server_managers() for h in m.server_handles]  # type: ignore[attr-defined]
+            self._durable = DurableRollouts(
+                handles, events=events, n=int(self.config.actor_rollout_ref.rollout.n), read_tq=_read_tq
+            )
+        return self._durable
+
+    def _client_manager(self) -> Any:
+        """The server manager whose router the mode's agent loops use."""
+        return self.llm_server_manager  # type: ignore[attr-defined]
+
+    def get_llm_client(self) -> Any:
+        durable = self.durable
+        return self._client_manager().get_client(
+            client_cls=DurableLLMServerClient, restored=durable.restored, stored=durable.stored
+        )
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        super().fit(agent_loop_manager)  # type: ignore[misc]
+        self.durable.end(step=self.global_steps - 1)  # verl's fit ends one past its last step
+
+    # ---------------------------------------------------------------- save
+
+    def _save_checkpoint(self) -> None:
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        pending = self.durable.cut(folder, step=self.global_steps, policy_version=self.global_steps)
+        os.makedirs(folder, exist_ok=True)
+        # verl's save writes latest_checkpointed_iteration.txt last: the snapshot is on disk before it.
+        pending.write(commit=super()._save_checkpoint)  # type: ignore[misc]
+        self.durable.written()
+
+    # ---------------------------------------------------------------- resume
+
+    def _load_checkpoint(self) -> None:
+        super()._load_checkpoint()  # type: ignore[misc]
+        if self.global_steps == 0:
+            self.durable.start()
+            return
+        allow = self._block().allow_vllm_change
+        self.durable.restore(self._resumed_folder(), step=self.global_steps, allow_vllm_change=allow)
+
+    def _block(self) -> PartialRolloutCheckpointConfig:
+        from omegaconf import OmegaConf
+
+        return PartialRolloutCheckpointConfig.from_trainer_v1(
+            OmegaConf.to_container(self.config.trainer.v1, resolve=True)
+        )
+
+    def _resumed_folder(self) -> str:
+        """The ``global_step_N`` folder verl's ``_load_checkpoint`` just loaded."""
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return os.path.abspath(str(trainer.resume_from_path))
+        return os.path.abspath(os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}"))
+
+    def _reissue_inflight_prompts(self, partition_id: str = PARTITION) -> int:
+        """Dispatch the restored unfinished groups again, keeping the trajectories verl already holds.
+
+        verl's own version clears them and regenerates each group whole; here the agent-loop
+        workers skip the samples the TransferQueue holds and continue the snapshot's prefixes.
+        """
+        items = _read_tq(partition_id)
+        uids = [
+            k for k, tag in items.items() if tag.get("is_prompt", False) and tag.get("status") in ("pending", "running")
+        ]
+        if not uids:
+            return 0
+        batch = tq.kv_batch_get(keys=uids, partition_id=partition_id)
+        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in uids]
+        tq.kv_batch_put(keys=uids, partition_id=partition_id, tags=tags)
+        self.agent_loop_manager.generate_sequences(batch)  # type: ignore[attr-defined]
+        durable = self.durable
+        logger.info(
+            "partial rollouts: re-issued %d in-flight prompts for step %d, keeping %d finished samples verl"
+            " holds; %d samples continue or come back from the snapshot",
+            len(uids),
+            self.global_steps,
+            len(durable.stored),
+            len(durable.restored),
+        )
+        return len(uids)
+
+
+def _read_tq(partition_id: str = PARTITION) -> dict[str, Any]:
+    listed = tq.kv_list(partition_id) or {}
+    return dict(listed.get(partition_id, {}))
+
+
+class ColocateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerColocateAsync):  # type: ignore[misc]
+    """verl's ``colocate_async`` trainer with partial rollouts."""
+
+
+class SeparateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerSeparateAsync):  # type: ignore[misc]
+    """verl's ``separate_async`` trainer with partial rollouts."""
+
+    def _client_manager(self) -> Any:
+        return self.standalone_server_manager
+
+
+TRAINERS: dict[str, type] = {"colocate_async": ColocateAsyncTrainer, "separate_async": SeparateAsyncTrainer}
+
+
+def trainer_class(mode: str) -> type:
+    """The trainer class for ``trainer.v1.trainer_mode`` with the flag on."""
+    try:
+        return TRAINERS[mode]
+    except KeyError:
+        raise ValueError(f"partial rollouts support trainer modes {sorted(TRAINERS)}, not {mode!r}") from None

