@@ -17,7 +17,8 @@ is the tolerance below. The guarantee is tested twice:
   (keep-mode pause, generation continues in place); B resumes everything concurrently, and cuts
   again while resumed requests are still queued. The saved prefix must come back bit for bit; the
   continuation must match the uninterrupted run up to its first token flipped by batch numerics
-  (logprobs within the noise floor), and at least 75% of continuations must match
+  (logprobs within two noise floors: one for its batch, one for its re-prefilled prefix), and at
+  least 75% of continuations must match
   throughout. Samples the adapter declared inexact are exempt, and the declarations are checked
   to be true.
 """
@@ -139,6 +140,11 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     # The engine's noise floor, measured here: the same samples generated twice uninterrupted, one at
     # a time and concurrently, differ by this much in their logprobs before any token flips.
     noise_floor = max(_logprob_gap(alone[rid], ref[rid]) for rid in alone)
+    # A sample resumed under load meets two such perturbations where the uninterrupted run met one:
+    # the batch it shares steps with, and its prefix's KV prefilled at once instead of decoded step by
+    # step (the same-schedule check below bounds that one by the floor). So it gets a floor for each:
+    # with one, a continuation of the 1,550-token context failed CI twice at 1.15-1.3 floors.
+    under_load = 2 * noise_floor
     print(f"noise floor (alone vs concurrent, uninterrupted): max |logprob diff| {noise_floor:.3g}")
 
     # real cuts agree with what the engine generated, and with the sampler's own stream
@@ -231,6 +237,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     # except where batch numerics flip a near-tie (it does, rarely: docs/exact_resume.md), after which
     # the two are different valid samples. Tokens and logprobs must agree up to the first flip.
     checked = identical = 0
+    worst = 0.0
     for (job, rid, rec), out in zip(concurrent, together, strict=True):
         assert out.state is SampleState.FINISHED and out.num_tokens == ref[rid].num_tokens, job
         np.testing.assert_array_equal(out.token_ids[: rec.num_tokens], rec.token_ids, err_msg=job)
@@ -242,9 +249,11 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
         agree = int(differ[0]) if len(differ) else out.num_tokens
         assert agree > rec.num_tokens or rec.num_tokens == 0 or len(differ) == 0, f"{job}: diverged inside its prefix"
         np.testing.assert_allclose(
-            out.logprobs[:agree], ref[rid].logprobs[:agree], atol=noise_floor, rtol=0, err_msg=job
+            out.logprobs[:agree], ref[rid].logprobs[:agree], atol=under_load, rtol=0, err_msg=job
         )
+        worst = max(worst, _logprob_gap(out, ref[rid]))
         identical += len(differ) == 0
+    print(f"under load: max |logprob diff| {worst:.3g} ({worst / noise_floor:.2f} noise floors)")
     assert checked >= 10
     assert identical >= 0.75 * checked, f"only {identical} of {checked} continuations token-identical under load"
     declared = {rid: rec.inexact for (job, rid, rec) in concurrent if rec.num_tokens}
