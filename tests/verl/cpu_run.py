@@ -61,7 +61,7 @@ def compose(run_dir: Path, overrides: list[str]) -> Any:
         "algorithm.rollout_correction.bypass_mode=true",
         f"reward.custom_reward_function.path={REPO / 'integrations' / 'verl' / 'cpu_reward.py'}",
         "reward.custom_reward_function.name=compute_score",
-        "reward.num_workers=1",
+        "reward.num_workers=1",  # one reward worker, for the reason given at agent.num_workers above
         "trainer.use_v1=true",
         "trainer.v1.trainer_mode=colocate_async",
         "trainer.v1.colocate_async.num_warmup_batches=2",
