@@ -10,7 +10,10 @@ agent-loop manager are ours (:func:`partial_rollout_integrations.verl.trainer.tr
 verl's own. Either way :class:`~partial_rollout_integrations.verl.cpu.CpuHarness` stands in for the
 GPU-only parts. ``trainer.resume_mode=auto`` (verl's default) resumes from ``RUN_DIR/checkpoints``
 when a checkpoint is there. ``PARTIAL_ROLLOUT_EXIT_AFTER_SAVE=N`` kills the run (``os._exit(137)``)
-right after the checkpoint of step N committed.
+right after the first checkpoint from step N on that committed with work to lose: with the flag on,
+one whose snapshot holds a sample in flight with tokens (whether a step's cut catches one depends on
+how fast the engine ran against the trainer, which differs from machine to machine); off, step N's.
+It prints ``{"killed_after_save": step}`` first.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def compose(run_dir: Path, overrides: list[str]) -> Any:
 
     engine_python = os.environ.get("PARTIAL_ROLLOUT_ENGINE_PYTHON", str(cpu.DEFAULT_ENGINE_PYTHON))
     model = cpu.verl_model(engine_python, REPO / ".cache")
-    data = cpu.write_prompts(run_dir / "prompts.parquet", model, num_prompts=16, prompt_tokens=12, seed=0)
+    data = cpu.write_prompts(run_dir / "prompts.parquet", model, num_prompts=24, prompt_tokens=12, seed=0)
     base = [
         f"data.train_files={data}",
         f"data.val_files={data}",
@@ -65,8 +68,8 @@ def compose(run_dir: Path, overrides: list[str]) -> Any:
         "trainer.use_v1=true",
         "trainer.v1.trainer_mode=colocate_async",
         "trainer.v1.colocate_async.num_warmup_batches=2",
-        "trainer.total_training_steps=5",
-        "trainer.save_freq=2",
+        "trainer.total_training_steps=6",
+        "trainer.save_freq=1",  # a checkpoint every step: the kills find one holding samples in flight
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
         "trainer.logger=[console]",
@@ -84,6 +87,14 @@ def compose(run_dir: Path, overrides: list[str]) -> Any:
         "engine": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 2, "multiprocessing": False},
     }
     return config
+
+
+def _holds_tokens_in_flight(config: Any, step: int) -> bool:
+    from partial_rollout.snapshot import SampleState, load_snapshot
+
+    path = Path(config.trainer.default_local_dir) / f"global_step_{step}" / "partial_rollouts.safetensors"
+    snapshot = load_snapshot(path)
+    return any(s.state is SampleState.IN_FLIGHT and s.num_tokens for g in snapshot.groups for s in g.samples)
 
 
 def main() -> None:
@@ -110,8 +121,9 @@ def main() -> None:
 
     def save_then_maybe_die(self: Any) -> None:
         base._save_checkpoint(self)
-        if self.global_steps == exit_after:  # killed right after this checkpoint committed
-            print(json.dumps({"killed_after_save": exit_after}), flush=True)
+        step = self.global_steps
+        if exit_after and step >= exit_after and (not enabled or _holds_tokens_in_flight(config, step)):
+            print(json.dumps({"killed_after_save": step}), flush=True)  # killed right after it committed
             os._exit(137)
 
     trainer_cls = type(f"Cpu{base.__name__}", (cpu.CpuHarness, base), {"_save_checkpoint": save_then_maybe_die})

