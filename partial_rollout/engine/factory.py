@@ -80,9 +80,11 @@ class EngineConfig:
     worker_extension_cls: str | None = None
     """Dotted path of a class mixed into vLLM's worker, callable through ``collective_rpc``."""
     multiprocessing: bool = True
-    """Run the engine core in its own process (vLLM's default). ``False`` runs it in this process,
-    which starts faster and uses less memory (tests); it sets ``VLLM_ENABLE_V1_MULTIPROCESSING``
-    for the whole process, so all engines of one process must agree."""
+    """vLLM's ``VLLM_ENABLE_V1_MULTIPROCESSING`` (its default, ``True``: processes of their own).
+    ``False`` starts faster and uses less memory (tests): an offline ``LLM`` then runs its engine
+    core in this process, and on a CPU the model runs in the engine core's process instead of a
+    worker process of vLLM's ``mp`` executor; an ``AsyncLLM`` keeps its engine core in a process of
+    its own either way. It is set for the whole process, so all engines of one process must agree."""
     logprobs_mode: str = "processed_logprobs"
     """What vLLM reports as a sampled token's logprob. ``processed_logprobs``: under the distribution
     the token was drawn from (after penalties, temperature, min-p, top-k and top-p), which is what an
