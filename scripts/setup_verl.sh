@@ -55,9 +55,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   echo "setup-verl: creating $VENV with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)"
   "$BASE_PYTHON" -m venv "$VENV"
 fi
-# --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and
-# the rest (some 20,000 files, about 40 s on 2 cores).
-PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
+PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off)
 WANTED=(-r "$REQUIREMENTS" "ray[default]==$RAY_VERSION")
 if ! "${PIP[@]}" "${WANTED[@]}"; then
   # The requirements pin torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
