@@ -87,10 +87,15 @@ def run(config: Any) -> None:
     except BadInputError as e:
         print(f"partial-rollout: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    if block.active:
-        run_with_partial_rollouts(config)
-    else:
+    if not block.active:
         run_verl(config)
+        return
+    try:
+        run_with_partial_rollouts(config)
+    except BadInputError as e:  # a snapshot refused at the resume, in verl's task-runner actor
+        # Ray re-raises an actor's error as an instance of its cause's class too; print the cause's line.
+        print(f"partial-rollout: {getattr(e, 'cause', e)}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def main() -> None:

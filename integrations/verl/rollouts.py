@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 from partial_rollout import RolloutCheckpointer
 from partial_rollout.checkpoint import PendingSnapshot
 from partial_rollout.ledger import request_id
-from partial_rollout.snapshot import GroupState, SampleState
+from partial_rollout.snapshot import GroupState, SampleState, find_snapshot, load_snapshot
 from partial_rollout_integrations.verl.reconcile import TqView, reconcile
+from partial_rollout_integrations.verl.resume_checks import check_resume
 from partial_rollout_integrations.verl.servers import VerlServers
 from partial_rollout_integrations.verl.wire import HeldSample, sample_key, split_key, trajectory_key
 
@@ -125,10 +126,16 @@ class DurableRollouts:
     def start(self) -> None:
         self.checkpointer.start(trainer="verl")
 
-    def restore(self, folder: str, *, step: int, allow_vllm_change: bool = False) -> None:
-        """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it."""
-        self._run(self.checkpointer.restore(folder, allow_vllm_change=allow_vllm_change, settle=False, step=step))
+    def restore(self, folder: str, *, step: int, rollout: Mapping[str, Any], allow_vllm_change: bool = False) -> None:
+        """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it.
+
+        ``rollout``: the run's ``actor_rollout_ref.rollout`` config; a snapshot of another run, ``n``
+        or sampling is refused first (:func:`.resume_checks.check_resume`).
+        """
         tq = TqView.of(self._read_tq())
+        path = find_snapshot(folder)
+        check_resume(load_snapshot(path), path, tq=tq, n=self._n, rollout=rollout)
+        self._run(self.checkpointer.restore(folder, allow_vllm_change=allow_vllm_change, settle=False, step=step))
         restored: dict[str, HeldSample] = {}
         stored = set()
         for group in self.ledger.groups(GroupState.IN_FLIGHT):

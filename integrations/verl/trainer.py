@@ -80,8 +80,12 @@ class PartialRolloutCheckpoint:
         if self.global_steps == 0:
             self.durable.start()
             return
+        from omegaconf import OmegaConf
+
         allow = self._block().allow_vllm_change
-        self.durable.restore(self._resumed_folder(), step=self.global_steps, allow_vllm_change=allow)
+        rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
+        assert isinstance(rollout, dict), "actor_rollout_ref.rollout is a mapping in verl's config"
+        self.durable.restore(self._resumed_folder(), step=self.global_steps, rollout=rollout, allow_vllm_change=allow)
 
     def _block(self) -> PartialRolloutCheckpointConfig:
         from omegaconf import OmegaConf

@@ -107,6 +107,7 @@ def main() -> None:
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
 
+    from partial_rollout.errors import EXIT_BAD_INPUT, BadInputError
     from partial_rollout_integrations.verl import cpu
 
     enabled = bool(OmegaConf.select(config, "trainer.v1.partial_rollout_checkpoint.enable", default=False))
@@ -134,7 +135,11 @@ def main() -> None:
     tq.init(config.transfer_queue)
     try:
         trainer = trainer_cls(config=config)
-        trainer.init()
+        try:
+            trainer.init()  # loads the checkpoint: a snapshot that does not fit the run is refused here
+        except BadInputError as e:
+            print(f"partial-rollout: {e}", file=sys.stderr)  # as the entry point reports it
+            sys.exit(EXIT_BAD_INPUT)
         manager = manager_cls.create(
             config=config,
             llm_client=trainer.get_llm_client(),

@@ -11,14 +11,18 @@ Flag on: the work ledger's audit over both restarts finds every prompt trained o
 duplicated, 0 stranded) and tokens continued from saved prefixes; every sample a snapshot held in
 flight finishes from its whole prefix (its finish event continues exactly the saved tokens), or,
 when the run's last steps do not reach it, is held by the next checkpoint beginning with its saved
-tokens; so no restored group is regenerated. Flag off: what verl 0.9.1 throws away at the same
-kill, read from its own re-issue log line, is measured and printed, not asserted.
+tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
+snapshot hold the same groups unfinished and the same samples finished; and a resume under another
+temperature than the snapshot's is refused in one line (exit status 3). Flag off: what verl 0.9.1
+throws away at the same kill, read from its own re-issue log line, is measured and printed, not
+asserted.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -27,11 +31,13 @@ from pathlib import Path
 import verl_harness as harness
 
 from partial_rollout.ledger import audit
-from partial_rollout.snapshot import SampleState, load_snapshot
+from partial_rollout.snapshot import GroupState, SampleState, load_snapshot
+from partial_rollout_integrations.verl.wire import sample_key, trajectory_key
 
 pytestmark = harness.needs_verl
 
 DRIVER = Path(__file__).with_name("cpu_run.py")
+TQ_READER = Path(__file__).with_name("tq_checkpoint.py")
 REPO = Path(__file__).resolve().parents[2]
 ON = "trainer.v1.partial_rollout_checkpoint.enable=true"
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
@@ -99,6 +105,7 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Pat
     steps = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
     continued = 0
     for step in killed:
+        _assert_tq_agrees(checkpoints, step)
         saved = _samples(checkpoints, step, SampleState.IN_FLIGHT)
         assert saved, f"the step-{step} checkpoint held no sample in flight: the kill tests nothing"
         start = next(i for i in resumes if events[i].get("step") == step)
@@ -120,6 +127,18 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Pat
                 assert later[sample][: len(tokens)] == tokens, f"{sample} was restarted, not continued"
     assert continued, "no sample saved in flight finished after a resume"
 
+    # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
+    # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
+    step, bad = killed[0], tmp_path / "temperature"
+    shutil.copytree(checkpoints / f"global_step_{step}", bad / "checkpoints" / f"global_step_{step}")
+    (bad / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    rc, out = _run(bad, [ON, "actor_rollout_ref.rollout.temperature=0.7"])
+    (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
+    assert rc == 3, out[-4000:]
+    snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
+    assert line.startswith(f"partial-rollout: {snapshot}: groups["), line
+    assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line
+
 
 def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[str, int], list[int]]:
     """The token ids of each sample with tokens that the step-``step`` snapshot holds in ``states``."""
@@ -130,6 +149,44 @@ def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[s
         for s in g.samples
         if s.state in states and s.num_tokens
     }
+
+
+def _assert_tq_agrees(checkpoints: Path, step: int) -> None:
+    """verl's TransferQueue checkpoint of ``step`` and our snapshot of it hold the same unfinished work.
+
+    verl saves its TQ after our cut, but in ``colocate_async`` its servers are aborted and asleep
+    from the end of a step's sampling until after the save, so nothing finishes in between: the two
+    must agree exactly. Every group our snapshot holds, verl holds untrained (running or pending; a
+    group whose samples all finished, ``finished``); the samples each holds finished are the ones
+    verl stores; a group verl holds that we do not had no sample on a server at the cut, so verl
+    stores none of its samples either.
+    """
+    out = subprocess.run(
+        [str(harness.VERL_PYTHON), str(TQ_READER), str(checkpoints / f"global_step_{step}")],
+        env=harness.verl_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    tags = json.loads(out.stdout)
+    prompts = {key: tag["status"] for key, tag in tags.items() if tag.get("is_prompt", False)}
+    stored = {key for key, tag in tags.items() if not tag.get("is_prompt", False) and tag.get("status") == "success"}
+    snapshot = load_snapshot(checkpoints / f"global_step_{step}" / "partial_rollouts.safetensors")
+    ours = {g.group_id: g for g in snapshot.groups}
+    for uid, group in ours.items():
+        expected = ("finished",) if group.state is GroupState.READY else ("pending", "running")
+        status = prompts.get(uid)
+        assert status in expected, f"step {step}: our {group.state.value} group {uid} is {status} in verl's TQ"
+        finished = {s.index for s in group.samples if s.state is SampleState.FINISHED}
+        verl_has = {i for i in range(len(group.samples)) if trajectory_key(sample_key(uid, i)) in stored}
+        assert finished == verl_has, f"step {step}, group {uid}: we hold {finished} finished, verl stores {verl_has}"
+    for uid, status in prompts.items():
+        if uid not in ours:
+            assert status in ("pending", "running"), f"step {step}: verl holds {uid} {status}, our snapshot not at all"
+            assert not any(key.startswith(f"{uid}_") for key in stored), f"step {step}: verl stores samples of {uid}"
+    in_flight = sum(g.state is GroupState.IN_FLIGHT for g in ours.values())
+    print(f"step {step}: verl's TQ and our snapshot agree: {in_flight} groups in flight, {len(prompts)} prompts in TQ")
 
 
 def test_flag_off_measures_what_verl_regenerates(tmp_path: Path) -> None:
