@@ -92,8 +92,7 @@ def compose(run_dir: Path, overrides: list[str]) -> Any:
 def _holds_tokens_in_flight(config: Any, step: int) -> bool:
     from partial_rollout.snapshot import SampleState, load_snapshot
 
-    path = Path(config.trainer.default_local_dir) / f"global_step_{step}" / "partial_rollouts.safetensors"
-    snapshot = load_snapshot(path)
+    snapshot = load_snapshot(Path(config.trainer.default_local_dir) / f"global_step_{step}")
     return any(s.state is SampleState.IN_FLIGHT and s.num_tokens for g in snapshot.groups for s in g.samples)
 
 

@@ -161,8 +161,9 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> None:
     verl stores; a group verl holds that we do not had no sample on a server at the cut, so verl
     stores none of its samples either.
     """
+    folder = checkpoints / f"global_step_{step}"
     out = subprocess.run(
-        [str(harness.VERL_PYTHON), str(TQ_READER), str(checkpoints / f"global_step_{step}")],
+        [str(harness.VERL_PYTHON), str(TQ_READER), str(folder)],
         env=harness.verl_env(),
         capture_output=True,
         text=True,
@@ -172,8 +173,7 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> None:
     tags = json.loads(out.stdout)
     prompts = {key: tag["status"] for key, tag in tags.items() if tag.get("is_prompt", False)}
     stored = {key for key, tag in tags.items() if not tag.get("is_prompt", False) and tag.get("status") == "success"}
-    snapshot = load_snapshot(checkpoints / f"global_step_{step}" / "partial_rollouts.safetensors")
-    ours = {g.group_id: g for g in snapshot.groups}
+    ours = {g.group_id: g for g in load_snapshot(folder).groups}
     for uid, group in ours.items():
         expected = ("finished",) if group.state is GroupState.READY else ("pending", "running")
         status = prompts.get(uid)
