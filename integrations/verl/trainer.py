@@ -23,6 +23,7 @@ from verl.utils import tensordict_utils as tu
 from partial_rollout_integrations.verl.client import DurableLLMServerClient
 from partial_rollout_integrations.verl.config import PartialRolloutCheckpointConfig
 from partial_rollout_integrations.verl.rollouts import DurableRollouts
+from partial_rollout_integrations.verl.wire import split_key
 
 PARTITION = "train"
 logger = logging.getLogger(__name__)
@@ -104,8 +105,12 @@ class PartialRolloutCheckpoint:
     def _reissue_inflight_prompts(self, partition_id: str = PARTITION) -> int:
         """Dispatch the restored unfinished groups again, keeping the trajectories verl already holds.
 
-        verl's own version clears them and regenerates each group whole; here the agent-loop
-        workers skip the samples the TransferQueue holds and continue the snapshot's prefixes.
+        verl's own version clears them, regenerates each group whole and tags it with the resumed
+        step, as a new dispatch. Here the agent-loop workers skip the samples the TransferQueue holds
+        and continue the snapshot's prefixes, so a group that keeps any of its work keeps the step it
+        was dispatched at: verl's sampler orders groups by it and evicts (or waits on) those older
+        than ``trainer.v1.sampler.max_off_policy_threshold``, and work from before the restart is
+        exactly as old as it was. A group nothing of which survived is a new dispatch, as in verl.
         """
         items = _read_tq(partition_id)
         uids = [
@@ -113,17 +118,24 @@ class PartialRolloutCheckpoint:
         ]
         if not uids:
             return 0
-        batch = tq.kv_batch_get(keys=uids, partition_id=partition_id)
-        tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
-        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in uids]
-        tq.kv_batch_put(keys=uids, partition_id=partition_id, tags=tags)
-        self.agent_loop_manager.generate_sequences(batch)  # type: ignore[attr-defined]
         durable = self.durable
+        kept = {split_key(key)[0] for key in (*durable.restored, *durable.stored)}
+        by_step: dict[int, list[str]] = {}
+        for uid in uids:
+            step = int(items[uid].get("global_steps", self.global_steps)) if uid in kept else self.global_steps
+            by_step.setdefault(step, []).append(uid)
+        for step, keys in sorted(by_step.items()):
+            batch = tq.kv_batch_get(keys=keys, partition_id=partition_id)
+            tu.assign_non_tensor_data(batch, "global_steps", step)
+            tags = [{"is_prompt": True, "status": "pending", "global_steps": step} for _ in keys]
+            tq.kv_batch_put(keys=keys, partition_id=partition_id, tags=tags)
+            self.agent_loop_manager.generate_sequences(batch)  # type: ignore[attr-defined]
         logger.info(
-            "partial rollouts: re-issued %d in-flight prompts for step %d, keeping %d finished samples verl"
-            " holds; %d samples continue or come back from the snapshot",
+            "partial rollouts: re-issued %d in-flight prompts for step %d (%d keeping their dispatch step),"
+            " keeping %d finished samples verl holds; %d samples continue or come back from the snapshot",
             len(uids),
             self.global_steps,
+            sum(uid in kept for uid in uids),
             len(durable.stored),
             len(durable.restored),
         )

@@ -13,7 +13,9 @@ when a checkpoint is there. ``PARTIAL_ROLLOUT_EXIT_AFTER_SAVE=N`` kills the run 
 right after the first checkpoint from step N on that committed with work to lose: with the flag on,
 one whose snapshot holds a sample in flight with tokens (whether a step's cut catches one depends on
 how fast the engine ran against the trainer, which differs from machine to machine); off, step N's.
-It prints ``{"killed_after_save": step}`` first.
+It prints ``{"killed_after_save": step}`` first. After verl's re-issue of the prompts in flight at a
+resume it prints ``{"reissued_at": step, "prompt_steps": {uid: step}}``: the dispatch step each prompt
+in the TransferQueue is tagged with, which verl's sampler reads for staleness and order.
 """
 
 from __future__ import annotations
@@ -126,7 +128,15 @@ def main() -> None:
             print(json.dumps({"killed_after_save": step}), flush=True)  # killed right after it committed
             os._exit(137)
 
-    trainer_cls = type(f"Cpu{base.__name__}", (cpu.CpuHarness, base), {"_save_checkpoint": save_then_maybe_die})
+    def reissue_and_report(self: Any, partition_id: str = "train") -> int:
+        reissued = base._reissue_inflight_prompts(self, partition_id)
+        listed = (tq.kv_list(partition_id) or {}).get(partition_id, {})
+        steps = {key: tag.get("global_steps") for key, tag in listed.items() if tag.get("is_prompt", False)}
+        print(json.dumps({"reissued_at": self.global_steps, "prompt_steps": steps}), flush=True)  # as verl left them
+        return reissued
+
+    methods = {"_save_checkpoint": save_then_maybe_die, "_reissue_inflight_prompts": reissue_and_report}
+    trainer_cls = type(f"Cpu{base.__name__}", (cpu.CpuHarness, base), methods)
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=True)
     config.transfer_queue.enable = True

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 ON = "trainer.v1.partial_rollout_checkpoint.enable=true"
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
 KILLED = re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE)
+REISSUED_STEPS = re.compile(r'^(\{"reissued_at": .*\})$', re.MULTILINE)
 
 
 def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -> tuple[int, str]:
@@ -86,7 +87,7 @@ def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> tuple[list[str], lis
 
 def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Path) -> None:
     run_dir = tmp_path / "on"
-    _, killed = _kill_twice(run_dir, [ON])
+    outputs, killed = _kill_twice(run_dir, [ON])
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
@@ -104,8 +105,10 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Pat
     resumes = [i for i, e in enumerate(events) if e["event"] == "resume"]
     steps = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
     continued = 0
-    for step in killed:
-        _assert_tq_agrees(checkpoints, step)
+    kept_older = 0
+    for run, step in enumerate(killed):
+        tags = _assert_tq_agrees(checkpoints, step)
+        kept_older += _assert_dispatch_steps_kept(checkpoints, step, tags, outputs[run + 1])
         saved = _samples(checkpoints, step, SampleState.IN_FLIGHT)
         assert saved, f"the step-{step} checkpoint held no sample in flight: the kill tests nothing"
         start = next(i for i in resumes if events[i].get("step") == step)
@@ -126,6 +129,7 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Pat
                 assert sample in later, f"{sample}, saved in flight at step {step}, neither finished nor is held later"
                 assert later[sample][: len(tokens)] == tokens, f"{sample} was restarted, not continued"
     assert continued, "no sample saved in flight finished after a resume"
+    assert kept_older, "no re-issued group was dispatched before the step it resumed at: the check tests nothing"
 
     # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
     # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
@@ -151,7 +155,7 @@ def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[s
     }
 
 
-def _assert_tq_agrees(checkpoints: Path, step: int) -> None:
+def _assert_tq_agrees(checkpoints: Path, step: int) -> dict[str, dict]:
     """verl's TransferQueue checkpoint of ``step`` and our snapshot of it hold the same unfinished work.
 
     verl saves its TQ after our cut, but in ``colocate_async`` its servers are aborted and asleep
@@ -187,6 +191,32 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> None:
             assert not any(key.startswith(f"{uid}_") for key in stored), f"step {step}: verl stores samples of {uid}"
     in_flight = sum(g.state is GroupState.IN_FLIGHT for g in ours.values())
     print(f"step {step}: verl's TQ and our snapshot agree: {in_flight} groups in flight, {len(prompts)} prompts in TQ")
+    return tags
+
+
+def _assert_dispatch_steps_kept(checkpoints: Path, step: int, tags: dict[str, dict], resumed_output: str) -> int:
+    """A group re-issued with any of its work restored keeps the dispatch step verl's TQ saved it with.
+
+    verl's sampler reads a prompt's ``global_steps`` tag to order groups and to evict (or wait on)
+    those older than its off-policy threshold; verl's own re-issue tags every group with the resumed
+    step, right for a group it regenerates, wrong for one whose samples hold tokens of older
+    policies. A group with nothing restored is a new dispatch. Returns how many groups kept a step
+    older than the resumed one (the ones a reset would have made look fresh).
+    """
+    (report,) = [r for r in map(json.loads, REISSUED_STEPS.findall(resumed_output)) if r["reissued_at"] == step + 1]
+    ours = {g.group_id: g for g in load_snapshot(checkpoints / f"global_step_{step}").groups}
+    saved = {uid: tag["global_steps"] for uid, tag in tags.items() if tag.get("status") in ("pending", "running")}
+    older = 0
+    for uid, dispatched in saved.items():
+        group = ours.get(uid)
+        kept = group is not None and any(s.state is not SampleState.NOT_STARTED for s in group.samples)
+        expected = dispatched if kept else step + 1
+        assert report["prompt_steps"][uid] == expected, (
+            f"resumed at step {step + 1}: group {uid} (dispatched at step {dispatched}, work restored: {kept})"
+            f" is tagged {report['prompt_steps'][uid]} in verl's TQ, expected {expected}"
+        )
+        older += kept and dispatched < step + 1
+    return older
 
 
 def test_flag_off_measures_what_verl_regenerates(tmp_path: Path) -> None:
