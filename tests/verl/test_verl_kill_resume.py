@@ -26,8 +26,10 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import verl_harness as harness
 
 from partial_rollout.ledger import audit
@@ -85,9 +87,28 @@ def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> tuple[list[str], lis
     return outputs, killed
 
 
-def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(tmp_path: Path) -> None:
-    run_dir = tmp_path / "on"
-    outputs, killed = _kill_twice(run_dir, [ON])
+KillTwice = tuple[Path, list[str], list[int]]
+"""A run folder, the outputs of its three runs and the steps after whose checkpoints two were killed."""
+
+
+@pytest.fixture(scope="module")
+def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KillTwice]:
+    """The flag-on and flag-off runs, side by side: a verl run spends much of its time starting Ray,
+    verl and the engine, or waiting on a long sample, and kept this 2-core machine about 60% busy."""
+    root = tmp_path_factory.mktemp("verl_kill")
+    flags = {"on": [ON], "off": []}
+
+    def one(name: str) -> KillTwice:
+        return (root / name, *_kill_twice(root / name, flags[name]))
+
+    with ThreadPoolExecutor(len(flags)) as pool:
+        return dict(zip(flags, pool.map(one, flags), strict=True))
+
+
+def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(
+    killed_twice: dict[str, KillTwice], tmp_path: Path
+) -> None:
+    run_dir, outputs, killed = killed_twice["on"]
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
@@ -219,9 +240,8 @@ def _assert_dispatch_steps_kept(checkpoints: Path, step: int, tags: dict[str, di
     return older
 
 
-def test_flag_off_measures_what_verl_regenerates(tmp_path: Path) -> None:
-    run_dir = tmp_path / "off"
-    outputs, killed = _kill_twice(run_dir, [])
+def test_flag_off_measures_what_verl_regenerates(killed_twice: dict[str, KillTwice]) -> None:
+    run_dir, outputs, killed = killed_twice["off"]
     assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
     reissues = [m.groups() for out in outputs[1:] for m in REISSUED.finditer(out)]
     prompts = sum(int(p) for p, _, _ in reissues)
