@@ -112,6 +112,40 @@ def test_a_snapshot_of_another_save_than_the_trainer_state_is_refused(tmp_path: 
     asyncio.run(scenario())
 
 
+def test_the_trainers_check_sees_the_snapshot_once_and_its_refusal_restores_nothing(tmp_path: Path) -> None:
+    """A trainer's own test of a snapshot (another run's, other sampling) runs inside ``restore`` on
+    the snapshot the library read and checked, before the ledger, the loader or the event log change."""
+    run = tmp_path / "run"
+
+    async def scenario() -> None:
+        ckpt, at_cut = await _first_run(run, _loader())
+        ckpt.close()
+        seen: list[tuple[list[str], Path]] = []
+
+        def refuse(snapshot: Any, path: Path) -> None:
+            seen.append(([g.group_id for g in snapshot.groups], path))
+            raise SnapshotError("is not of this run", path=path, field="groups[0].group_id")
+
+        loader = _loader()
+        next(iter(loader))
+        moved = loader.state_dict()
+        resumed = _checkpointer(run, loader=loader)
+        events_before = (run / "events.jsonl").read_bytes()
+        with pytest.raises(SnapshotError, match=r"step_1: groups\[0\]\.group_id: is not of"):
+            await resumed.restore(run / "step_1", check=refuse, step=1)
+        assert seen == [(["e0:0", "e0:1", "e0:2"], find_snapshot(run / "step_1"))]
+        assert list(resumed.ledger.groups()) == [] and resumed.ledger.last_save_id is None
+        assert loader.state_dict() == moved != at_cut, "the loader was not put back"
+        assert (run / "events.jsonl").read_bytes() == events_before, "no resume was logged"
+
+        accepted: list[Path] = []
+        restored = await resumed.restore(run / "step_1", check=lambda _, path: accepted.append(path), step=1)
+        assert accepted == [find_snapshot(run / "step_1")] and restored.ready == ["e0:0"]
+        resumed.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_bad_trainer_state_is_refused_naming_the_key(tmp_path: Path) -> None:
     ckpt = _checkpointer(tmp_path, loader=_loader(), fresh=True)
     good = ckpt.state_dict()

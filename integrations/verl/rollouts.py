@@ -13,12 +13,13 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from partial_rollout import RolloutCheckpointer
 from partial_rollout.checkpoint import PendingSnapshot
 from partial_rollout.ledger import request_id
-from partial_rollout.snapshot import GroupState, SampleState, find_snapshot, load_snapshot
+from partial_rollout.snapshot import GroupState, SampleState, Snapshot
 from partial_rollout_integrations.verl.reconcile import TqView, reconcile
 from partial_rollout_integrations.verl.resume_checks import check_resume
 from partial_rollout_integrations.verl.servers import VerlServers
@@ -130,12 +131,17 @@ class DurableRollouts:
         """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it.
 
         ``rollout``: the run's ``actor_rollout_ref.rollout`` config; a snapshot of another run, ``n``
-        or sampling is refused first (:func:`.resume_checks.check_resume`).
+        or sampling is refused (:func:`.resume_checks.check_resume`) before anything is restored.
         """
         tq = TqView.of(self._read_tq())
-        path = find_snapshot(folder)
-        check_resume(load_snapshot(path), path, tq=tq, n=self._n, rollout=rollout)
-        self._run(self.checkpointer.restore(folder, allow_vllm_change=allow_vllm_change, settle=False, step=step))
+
+        def fits_the_run(snapshot: Snapshot, path: Path) -> None:
+            check_resume(snapshot, path, tq=tq, n=self._n, rollout=rollout)
+
+        restore = self.checkpointer.restore(
+            folder, allow_vllm_change=allow_vllm_change, check=fits_the_run, settle=False, step=step
+        )
+        self._run(restore)
         restored: dict[str, HeldSample] = {}
         stored = set()
         for group in self.ledger.groups(GroupState.IN_FLIGHT):

@@ -35,6 +35,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_on_stale
@@ -285,6 +286,7 @@ class RolloutCheckpointer:
         allow_vllm_change: bool = False,
         on_stale: OnStale = "continue",
         is_stale: Callable[[GroupEntry], bool] | None = None,
+        check: Callable[[Snapshot, Path], None] | None = None,
         settle: bool = True,
         check_fingerprints: bool = True,
         **resume_fields: Any,
@@ -297,6 +299,9 @@ class RolloutCheckpointer:
                 samples declared inexact (off: such a resume fails naming both versions).
             on_stale: what to do with dispatched groups (in flight or ready) that ``is_stale``.
             is_stale: the trainer's staleness rule; without it no group is stale.
+            check: the trainer's own test of the snapshot against its run (another run's, another
+                sampling), called with the snapshot and its file after the library's checks and
+                before anything is restored; it refuses the snapshot by raising ``SnapshotError``.
             settle: mark ready the in-flight groups whose samples all finished before the cut;
                 off for a trainer that commits every restored group again through its own pump.
             check_fingerprints: refuse a snapshot of another model, tokenizer or vLLM; off only for
@@ -309,7 +314,7 @@ class RolloutCheckpointer:
         """
         check_on_stale(on_stale)
         expect = await self.fingerprints() if check_fingerprints else None
-        snapshot = self.ledger.load(folder, expect=expect, allow_vllm_change=allow_vllm_change)
+        snapshot = self.ledger.load(folder, expect=expect, allow_vllm_change=allow_vllm_change, check=check)
         if self._expected_save_id is not None and self.ledger.last_save_id != self._expected_save_id:
             raise SnapshotError(
                 f"is save {self.ledger.last_save_id!r}, the trainer's checkpoint is of save {self._expected_save_id!r}",

@@ -49,7 +49,8 @@ import copy
 import dataclasses
 import os
 import secrets
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -490,8 +491,13 @@ class WorkLedger:
         *,
         expect: Fingerprints | None = None,
         allow_vllm_change: bool = False,
+        check: Callable[[Snapshot, Path], None] | None = None,
     ) -> Snapshot:
         """Replace this ledger's state with the one saved in ``folder``; returns the snapshot for the resume.
+
+        ``check`` is the trainer's own test of the snapshot against its run (the file is read
+        once): called with the snapshot and its file after the library's checks and before this
+        ledger changes, it refuses the snapshot by raising.
 
         Raises:
             SnapshotError: the snapshot is damaged or mismatched (see
@@ -499,6 +505,8 @@ class WorkLedger:
         """
         file = find_snapshot(folder)
         snapshot = load_snapshot(file, expect=expect, allow_vllm_change=allow_vllm_change)
+        if check is not None:
+            check(snapshot, file)
         field = f"metadata.{LEDGER_METADATA_KEY}"
         self._adopt(
             parse_manifest(snapshot.metadata.get(LEDGER_METADATA_KEY), error=SnapshotError, path=file, field=field)
