@@ -25,8 +25,9 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -67,8 +68,13 @@ def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -
     return done.returncode, out
 
 
-def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> tuple[list[str], list[int]]:
-    """The outputs of the three runs and the steps after whose checkpoints the first two were killed."""
+def _kill_twice(
+    run_dir: Path, overrides: Sequence[str], *, after_first_kill: Callable[[int], None] | None = None
+) -> tuple[list[str], list[int]]:
+    """The outputs of the three runs and the steps after whose checkpoints the first two were killed.
+
+    ``after_first_kill(step)`` runs before the first resume, while the killed checkpoint is untouched.
+    """
     outputs: list[str] = []
     killed: list[int] = []
     plan = [2]  # then after the resumed run's own next save, then to the end
@@ -83,6 +89,8 @@ def _kill_twice(run_dir: Path, overrides: Sequence[str]) -> tuple[list[str], lis
             print(f"{run_dir.name}: killed after the checkpoint of step {step}")
             killed.append(step)
             plan.append(step + 1 if run == 0 else 0)
+            if run == 0 and after_first_kill is not None:
+                after_first_kill(step)
         outputs.append(out)
     return outputs, killed
 
@@ -91,24 +99,44 @@ KillTwice = tuple[Path, list[str], list[int]]
 """A run folder, the outputs of its three runs and the steps after whose checkpoints two were killed."""
 
 
+@dataclass(frozen=True)
+class Runs:
+    on: KillTwice
+    off: KillTwice
+    temperature: tuple[Path, int, int, str]
+    """The folder, step, exit status and output of a resume of the flag-on run's first kill under
+    another temperature."""
+
+
 @pytest.fixture(scope="module")
-def killed_twice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, KillTwice]:
-    """The flag-on and flag-off runs, side by side: a verl run spends much of its time starting Ray,
-    verl and the engine, or waiting on a long sample, and kept this 2-core machine about 60% busy."""
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The flag-on and flag-off runs side by side, and the temperature resume as soon as the flag-on
+    run's first kill left its checkpoint: a verl run spends much of its time starting Ray, verl and
+    the engine, or waiting on a long sample, and kept this 2-core machine about 60% busy."""
     root = tmp_path_factory.mktemp("verl_kill")
-    flags = {"on": [ON], "off": []}
+    with ThreadPoolExecutor(3) as pool:
+        temperature: list[Future[tuple[Path, int, int, str]]] = []
 
-    def one(name: str) -> KillTwice:
-        return (root / name, *_kill_twice(root / name, flags[name]))
+        def copy_then_resume(step: int) -> None:
+            """Copy the killed checkpoint before the run resumes from it, then resume the copy."""
+            bad = root / "temperature" / "checkpoints"
+            shutil.copytree(root / "on" / "checkpoints" / f"global_step_{step}", bad / f"global_step_{step}")
+            (bad / "latest_checkpointed_iteration.txt").write_text(str(step))
+            overrides = [ON, "actor_rollout_ref.rollout.temperature=0.7"]
+            temperature.append(pool.submit(lambda: (bad.parent, step, *_run(bad.parent, overrides))))
 
-    with ThreadPoolExecutor(len(flags)) as pool:
-        return dict(zip(flags, pool.map(one, flags), strict=True))
+        on = pool.submit(_kill_twice, root / "on", [ON], after_first_kill=copy_then_resume)
+        off = pool.submit(_kill_twice, root / "off", [])
+        (on_out, on_killed), (off_out, off_killed) = on.result(), off.result()
+        return Runs(
+            on=(root / "on", on_out, on_killed),
+            off=(root / "off", off_out, off_killed),
+            temperature=temperature[0].result(),
+        )
 
 
-def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(
-    killed_twice: dict[str, KillTwice], tmp_path: Path
-) -> None:
-    run_dir, outputs, killed = killed_twice["on"]
+def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
+    run_dir, outputs, killed = runs.on
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
@@ -154,10 +182,8 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(
 
     # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
     # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
-    step, bad = killed[0], tmp_path / "temperature"
-    shutil.copytree(checkpoints / f"global_step_{step}", bad / "checkpoints" / f"global_step_{step}")
-    (bad / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
-    rc, out = _run(bad, [ON, "actor_rollout_ref.rollout.temperature=0.7"])
+    bad, step, rc, out = runs.temperature
+    assert step == killed[0]
     (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
     assert rc == 3, out[-4000:]
     snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
@@ -240,8 +266,8 @@ def _assert_dispatch_steps_kept(checkpoints: Path, step: int, tags: dict[str, di
     return older
 
 
-def test_flag_off_measures_what_verl_regenerates(killed_twice: dict[str, KillTwice]) -> None:
-    run_dir, outputs, killed = killed_twice["off"]
+def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
+    run_dir, outputs, killed = runs.off
     assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
     reissues = [m.groups() for out in outputs[1:] for m in REISSUED.finditer(out)]
     prompts = sum(int(p) for p, _, _ in reissues)
