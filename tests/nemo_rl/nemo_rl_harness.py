@@ -104,18 +104,29 @@ class UnitTestRun:
 
 
 def run_unit_tests(
-    src: Path, workdir: Path, *, extra_pythonpath: Sequence[Path] = (), timeout_s: float = 1800
+    src: Path,
+    workdir: Path,
+    *,
+    extra_pythonpath: Sequence[Path] = (),
+    timeout_s: float = 1800,
+    patch: Path | None = None,
+    extra_modules: Sequence[str] = (),
 ) -> UnitTestRun:
     """Run NeMo RL's single-controller unit tests from a copy of ``src`` in the controller venv.
 
     ``extra_pythonpath`` goes on ``PYTHONPATH`` after the NeMo RL copy (so it cannot shadow NeMo RL),
     e.g. to make our integration importable while NeMo RL's own tests run. NeMo RL's ``addopts``
     (``-x -s --durations=100``) are dropped so that every test runs and the output stays short.
+    ``patch`` (a ``git diff`` against NeMo RL's root) is applied to the copy first, and a copy it
+    does not apply to fails the test; ``extra_modules`` are more test modules of
+    :data:`SINGLE_CONTROLLER_TESTS` to run (e.g. ones the patch adds).
     """
     python = controller_python()
     copy = writable_copy(src, workdir / "nemo-rl")
+    if patch is not None:
+        apply_patch(copy, patch)
     junit = workdir / "junit.xml"
-    files = [f"{SINGLE_CONTROLLER_TESTS}/{name}.py" for name in EXPECTED_PASSED]
+    files = [f"{SINGLE_CONTROLLER_TESTS}/{name}.py" for name in (*EXPECTED_PASSED, *extra_modules)]
     command = [str(python), "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
     start = time.monotonic()
     result = subprocess.run(
@@ -132,6 +143,14 @@ def run_unit_tests(
     if junit.is_file():
         outcomes = junit_outcomes(junit)
     return UnitTestRun(returncode=result.returncode, outcomes=outcomes, wall_s=wall_s, output=output)
+
+
+def apply_patch(root: Path, patch: Path) -> None:
+    """Apply a ``git diff`` to the tree at ``root`` (no repository needed), or fail saying why."""
+    command = ["git", "apply", "--verbose", str(patch)]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"{patch} does not apply to the NeMo RL copy at {root}:\n{result.stderr}")
 
 
 def junit_outcomes(junit: Path) -> dict[str, Counter[str]]:
