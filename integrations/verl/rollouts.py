@@ -10,16 +10,16 @@ or leave alone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from partial_rollout import RolloutCheckpointer
 from partial_rollout.checkpoint import PendingSnapshot
 from partial_rollout.ledger import request_id
-from partial_rollout.snapshot import GroupState, SampleState, Snapshot
+from partial_rollout.snapshot import GroupState, SampleState
 from partial_rollout_integrations.verl.reconcile import TqView, reconcile
 from partial_rollout_integrations.verl.resume_checks import check_resume
 from partial_rollout_integrations.verl.servers import VerlServers
@@ -134,10 +134,7 @@ class DurableRollouts:
         or sampling is refused (:func:`.resume_checks.check_resume`) before anything is restored.
         """
         tq = TqView.of(self._read_tq())
-
-        def fits_the_run(snapshot: Snapshot, path: Path) -> None:
-            check_resume(snapshot, path, tq=tq, n=self._n, rollout=rollout)
-
+        fits_the_run = functools.partial(check_resume, tq=tq, n=self._n, rollout=rollout)
         restore = self.checkpointer.restore(
             folder, allow_vllm_change=allow_vllm_change, check=fits_the_run, settle=False, step=step
         )

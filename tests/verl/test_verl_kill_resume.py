@@ -252,7 +252,11 @@ def _assert_dispatch_steps_kept(checkpoints: Path, step: int, tags: dict[str, di
     """
     (report,) = [r for r in map(json.loads, REISSUED_STEPS.findall(resumed_output)) if r["reissued_at"] == step + 1]
     ours = {g.group_id: g for g in load_snapshot(checkpoints / f"global_step_{step}").groups}
-    saved = {uid: tag["global_steps"] for uid, tag in tags.items() if tag.get("status") in ("pending", "running")}
+    saved = {
+        uid: tag["global_steps"]
+        for uid, tag in tags.items()
+        if tag.get("is_prompt", False) and tag.get("status") in ("pending", "running")
+    }
     older = 0
     for uid, dispatched in saved.items():
         group = ours.get(uid)
