@@ -22,9 +22,11 @@ Everything else is NeMo RL's: ``SingleControllerActor``, ``RolloutManager``, ``A
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,8 +268,30 @@ class CpuWeightSync:
         pass
 
 
-def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
-    """NeMo RL's ``SingleControllerActorArgs`` for a CPU run (what ``setup_single_controller`` builds on GPUs)."""
+GenerationFactory = Callable[[Path, CpuTrainer], tuple[Any, Any]]
+"""Builds a run's generation (what NeMo RL's rollout calls) and its weight synchroniser, from the
+tiny model's folder and the trainer whose weights the synchroniser loads."""
+
+
+def engine_generation(
+    master_config: Any, harness: CpuHarnessConfig, model_dir: Path, trainer: CpuTrainer
+) -> tuple[EngineGeneration, CpuWeightSync]:
+    """The CPU run's generation: ``harness.num_engines`` engines as Ray actors in ``harness.engine_python``."""
+    generation = master_config.policy["generation"]
+    max_seq_len = int(generation["vllm_cfg"]["max_model_len"])
+    engine_config = EngineConfig(model=str(model_dir), max_model_len=max_seq_len, **harness.engine)
+    runtime_env = {"py_executable": harness.engine_python, "env_vars": {"PYTHONPATH": str(LIBRARY_ROOT)}}
+    engine = asyncio.run(EnginePool.ray(engine_config, harness.num_engines, actor_options={"runtime_env": runtime_env}))
+    settings = GenerationSettings.from_nemo(generation, max_seq_len=max_seq_len, seed=master_config.grpo.seed)
+    return EngineGeneration(engine, settings), CpuWeightSync(trainer, engine)
+
+
+def build_actor_args(master_config: Any, harness: CpuHarnessConfig, generation: GenerationFactory | None = None) -> Any:
+    """NeMo RL's ``SingleControllerActorArgs`` for a CPU run (what ``setup_single_controller`` builds on GPUs).
+
+    ``generation``: how the run generates; by default :func:`engine_generation` (a test harness runs
+    NeMo RL's own ``VllmGeneration`` instead).
+    """
     from nemo_rl.algorithms.async_utils.replay_buffer import TQReplayBuffer
     from nemo_rl.algorithms.grpo import _create_advantage_estimator, _get_grpo_save_state
     from nemo_rl.algorithms.loss import ClippedPGLossFn
@@ -281,8 +305,7 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
     from transformers import AutoTokenizer
 
     grpo = master_config.grpo
-    generation = master_config.policy["generation"]
-    max_seq_len = int(generation["vllm_cfg"]["max_model_len"])
+    max_seq_len = int(master_config.policy["generation"]["vllm_cfg"]["max_model_len"])
     checkpointer = CheckpointManager(master_config.checkpointing)
     last = checkpointer.get_latest_checkpoint_path()
     save_state = _get_grpo_save_state(checkpointer.load_training_info(last))
@@ -301,9 +324,6 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
     if last is not None:
         load_dataloader_state(loader, last, master_config.data)
 
-    engine_config = EngineConfig(model=str(model_dir), max_model_len=max_seq_len, **harness.engine)
-    runtime_env = {"py_executable": harness.engine_python, "env_vars": {"PYTHONPATH": str(LIBRARY_ROOT)}}
-    engine = asyncio.run(EnginePool.ray(engine_config, harness.num_engines, actor_options={"runtime_env": runtime_env}))
     dp_client = NoOpDataPlaneClient()
     dp_client.register_partition(
         partition_id=PARTITION, fields=TRAIN_FIELDS, num_samples=1 << 20, consumer_tasks=["train"]
@@ -317,11 +337,12 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
         resume_from=resume_weights,
         step=save_state.current_step,
     )
+    if generation is None:
+        generation = functools.partial(engine_generation, master_config, harness)
+    gen, weight_sync = generation(model_dir, trainer)
     pad = int(tokenizer.pad_token_id or 0)
     buffer = TQReplayBuffer(dp_client, partition_id=PARTITION, pad_value_dict={"token_ids": pad, "input_ids": pad})
     envs = {TASK: ParityEnvironment.remote(harness.turns)}  # type: ignore[attr-defined]  # @ray.remote made it an actor class
-    settings = GenerationSettings.from_nemo(generation, max_seq_len=max_seq_len, seed=grpo.seed)
-    gen = EngineGeneration(engine, settings)
     rollout_manager = RolloutManager(
         tokenizer=tokenizer,
         task_to_env=envs,
@@ -329,7 +350,7 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
         max_seq_len=max_seq_len,
         max_rollout_turns=grpo.max_rollout_turns,
         policy_generation=gen,
-        generation_config=generation,
+        generation_config=master_config.policy["generation"],
         use_nemo_gym=False,
         tq_buffer=buffer,
         retry_policy=_build_retry_policy(master_config),
@@ -342,7 +363,7 @@ def build_actor_args(master_config: Any, harness: CpuHarnessConfig) -> Any:
         inference_cluster=None,
         dp_client=dp_client,
         dataloader=loader,
-        weight_synchronizer=CpuWeightSync(trainer, engine),
+        weight_synchronizer=weight_sync,
         advantage_estimator=_create_advantage_estimator(master_config),
         loss_fn=ClippedPGLossFn(master_config.loss_fn),
         rollout_manager=rollout_manager,

@@ -77,19 +77,20 @@ def run_side(
     timeout_s: float,
     overrides: Sequence[str] = (),
     kills: int = 1,
+    launcher: Sequence[str] = ("-m", "partial_rollout_integrations.nemo_rl"),
 ) -> dict[str, Any]:
     """Train, kill, resume and audit one side; returns its audit report as JSON.
 
     ``overrides``: further Hydra overrides of the demo's config (e.g. a multi-turn run). ``kills``:
     how many runs are killed, each after the first save of its own that holds work (more than one:
-    a job preempted again after its resume).
+    a job preempted again after its resume). ``launcher``: what the controller's interpreter runs,
+    given ``--config`` and the overrides (by default this package's launcher).
     """
     out.mkdir(parents=True, exist_ok=True)
     events = out / "events.jsonl"
     command = [
         str(nemo.python),
-        "-m",
-        "partial_rollout_integrations.nemo_rl",
+        *launcher,
         "--config",
         str(CONFIG),
         f"++checkpointing.checkpoint_dir={out / 'checkpoints'}",
