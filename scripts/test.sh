@@ -32,6 +32,8 @@ if [[ -z "${NEMO_RL_SRC:-}" && -d ../shared/third_party/nemo-rl ]]; then
 fi
 if [[ -n "${NEMO_RL_SRC:-}" ]]; then
   bash scripts/setup_nemo_rl.sh
+  # NeMo RL's own vLLM worker runs in the matrix's 0.25.1 venv (tests/nemo_rl/test_nemo_rl_worker_path.py).
+  [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]] || bash scripts/setup_vllm_matrix.sh 0.25.1
 fi
 bash scripts/setup_verl.sh
 .venv/bin/ruff check .
