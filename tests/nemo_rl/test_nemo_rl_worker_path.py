@@ -22,7 +22,7 @@ import nemo_rl_harness as harness
 import pytest
 
 from partial_rollout.ledger import read_events, request_id
-from partial_rollout.snapshot import load_snapshot
+from partial_rollout.snapshot import SampleState, load_snapshot
 from partial_rollout_integrations.nemo_rl.demo import NemoEnvironment, run_side
 
 pytestmark = [harness.needs_nemo_rl, pytest.mark.ray, pytest.mark.engine]
@@ -153,23 +153,22 @@ def test_nemo_rls_vllm_worker_is_killed_and_resumes_losing_nothing(tmp_path: Pat
     (resume,) = report["resumes"]
     assert 0 < report["tokens_continued"] <= resume["prefix_tokens_at_save"]
 
-    # The engines' own counts: each sample the resumed run finished holds its saved prefix and what
-    # the resumed engine generated for it, nothing generated twice; a sample the resumed engine never
-    # saw is one the snapshot held finished, whole.
+    # The engines' own counts: for each sample the resumed run finished, the resumed engine generated
+    # exactly the tokens its saved record lacked (none for one saved finished, kept whole), and the
+    # saved prefixes of those saved in flight are the tokens the run reports continued.
     events = list(read_events(tmp_path / "events.jsonl"))
     (counts,) = [json.loads(line) for line in (tmp_path / "engine_counts.jsonl").read_text().splitlines()]
     snapshot = load_snapshot(tmp_path / "checkpoints" / f"step_{resume['step']}")
-    saved_finished = {
-        request_id(g.group_id, x.index): x.num_tokens for g in snapshot.groups for x in g.samples if x.finish_reason
-    }
+    saved = {request_id(g.group_id, x.index): x for g in snapshot.groups for x in g.samples}
     last = events[-1]["pid"]
     continued = 0
     for e in (e for e in events if e["event"] == "finish" and e["pid"] == last):
         rid = request_id(e["prompt"], e["sample"])
-        if rid not in counts["served"]:
-            assert saved_finished.get(rid) == e["tokens"] and e["prefix_tokens"] == 0, e
-            continue
-        tokens, generated = counts["served"][rid]
-        assert tokens == e["tokens"] and tokens - generated == e["prefix_tokens"], (e, tokens, generated)
-        continued += tokens - generated
+        record = saved.get(rid)
+        before = 0 if record is None else record.num_tokens
+        tokens, generated = counts["served"].get(rid, (e["tokens"], 0))  # not sent: served from the snapshot
+        assert tokens == e["tokens"] and generated == tokens - before, (e, tokens, generated, before)
+        in_flight = record is not None and record.state is SampleState.IN_FLIGHT
+        assert e["prefix_tokens"] == (before if in_flight else 0), (e, record)
+        continued += e["prefix_tokens"]
     assert continued == report["tokens_continued"] > 0
