@@ -9,7 +9,9 @@ cut, from the two places that hold it: the servers (what they hold, by sample ke
 - A group is yielded the first time a cut finds one of its samples, with the prompt the agent loop
   sent (the trainer holds only verl's raw chat messages); its not-started samples take a started
   sibling's sampling, seedless (the server derives a seed from the key when one runs).
-- A sample is finished when verl has it: its trajectory is in the TQ, or its group left the TQ.
+- A sample is finished when verl has it: its trajectory is in the TQ, or its group left the TQ. One
+  a cut captured finished before verl stored it (its server finished it, the reward was still
+  running) is recorded at the first cut that finds it stored.
 - A group that left the TQ was trained (consumed) if all its samples finished, else verl evicted it.
 
 :func:`reconcile` returns the keys of finished samples the servers may now forget.
@@ -67,7 +69,10 @@ def reconcile(
         for sample in group.samples:
             key = sample_key(group.group_id, sample.index)
             got = held.get(key)
-            if sample.state is SampleState.FINISHED or got is None or got.record.state is not SampleState.FINISHED:
+            # One the ledger holds finished may only have been captured so (finished on its server,
+            # not yet stored in the TQ, at an earlier cut): a sample recorded finished is forgotten
+            # by its server at once, so one still held was never recorded, and is now.
+            if got is None or got.record.state is not SampleState.FINISHED:
                 continue
             if tq.has(key):
                 ledger.finish(group.group_id, got.record, prefix_tokens=got.continued_tokens, settle=False)
