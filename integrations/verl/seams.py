@@ -26,6 +26,8 @@ _TRAINER = "verl.trainer.ppo.v1.trainer_base"
 _AGENT_LOOP = "verl.trainer.ppo.v1.agent_loop_tq"
 _LLM_SERVER = "verl.workers.rollout.llm_server"
 _REPLICA = "verl.workers.rollout.replica"
+VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+"""verl's vLLM server module (the GPU path, :mod:`.gpu`)."""
 
 SEAMS: tuple[Seam, ...] = (
     # The entry point (__main__, runner): verl's main_ppo, mirrored.
@@ -42,6 +44,7 @@ SEAMS: tuple[Seam, ...] = (
         (
             "_save_checkpoint",
             "_load_checkpoint",
+            "on_init_end",
             "_reissue_inflight_prompts",
             "_setup",
             "fit",
@@ -66,9 +69,11 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "verl.trainer.ppo.v1.trainer_separate_async",
         "PPOTrainerSeparateAsync",
-        ("standalone_server_manager",),
+        ("standalone_server_manager", "standalone_checkpoint_manager", "_enable_hybrid_replicas"),
         bases=("PPOTrainer",),
     ),
+    # The mode the CPU harness sets once its standalone servers run, as verl's _setup does.
+    Seam("verl.trainer.ppo.v1.trainer_separate_async", "HybridEngineMode", ("TRAINER",)),
     Seam("verl.utils.tensordict_utils", None, ("assign_non_tensor_data",)),
     # The agent loops: where a trajectory's stable identity (TQ uid, session, turn) is known.
     Seam(
@@ -82,7 +87,7 @@ SEAMS: tuple[Seam, ...] = (
         ("__init__", "create", "generate_sequences", "agent_loop_workers_class", "agent_loop_workers"),
     ),
     # The async client: where the partial tokens of earlier attempts live.
-    Seam(_LLM_SERVER, "LLMServerClient", ("_vllm_request_id",)),
+    Seam(_LLM_SERVER, "LLMServerClient", ("_vllm_request_id", "generate")),
     Seam(_LLM_SERVER, "FullyAsyncLLMServerClient", ("__init__", "generate"), bases=("LLMServerClient",)),
     Seam(
         _LLM_SERVER,
@@ -121,10 +126,39 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "transfer_queue",
         None,
-        ("save_checkpoint", "load_checkpoint", "kv_list", "kv_batch_get", "kv_batch_put", "kv_clear"),
+        # init and close: the CPU run (demo) starts TransferQueue as verl's TaskRunnerV1 does.
+        ("save_checkpoint", "load_checkpoint", "kv_list", "kv_batch_get", "kv_batch_put", "kv_clear", "init", "close"),
     ),
 )
 """Every verl (and TransferQueue) name the integration uses, checked by :func:`check_seams`."""
+
+GPU_SEAMS: tuple[Seam, ...] = (
+    Seam(
+        VLLM_SERVER,
+        "vLLMHttpServer",
+        (
+            "run_server",
+            "generate",
+            "abort_all_requests",
+            "open_submission_gate",
+            "set_global_steps",
+            "wake_up",
+            "resume_kv_cache",
+            "clear_kv_cache",
+            "_get_worker_extension_cls",
+            "lora_as_adapter",
+            "engine",
+            "config",
+            "model_config",
+            "node_rank",
+            "global_steps",
+        ),
+    ),
+    Seam(VLLM_SERVER, "vLLMReplica", ("__init__", "server_class", "is_reward_model", "is_teacher_model")),
+    Seam("verl.workers.rollout.vllm_rollout.utils", "vLLMColocateWorkerExtension"),
+)
+"""Every verl name the GPU path uses beyond :data:`SEAMS` (it imports verl's vLLM server
+module, which needs vLLM: checked where the path is installed, :func:`check_gpu_seams`)."""
 
 
 def installed_version() -> str:
@@ -146,3 +180,8 @@ def _fail(what: str) -> ConfigError:
 def check_seams() -> None:
     """Raise :class:`ConfigError` naming the first verl name the integration uses that this verl lacks."""
     check(SEAMS, _fail)
+
+
+def check_gpu_seams() -> None:
+    """Raise :class:`ConfigError` naming the first name of :data:`GPU_SEAMS` this verl lacks."""
+    check(GPU_SEAMS, _fail)
