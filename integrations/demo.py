@@ -54,10 +54,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--trainer",
-        choices=("reference", "nemo-rl"),
+        choices=("reference", "nemo-rl", "verl"),
         default="reference",
         help="reference: our async GRPO trainer (default); nemo-rl: NeMo RL's real SingleController on the CPU "
-        "harness (needs NEMO_RL_SRC and scripts/setup_nemo_rl.sh)",
+        "harness (needs NEMO_RL_SRC and scripts/setup_nemo_rl.sh); verl: verl 0.9.1's own V1 trainer "
+        "(colocate_async) on the CPU harness (needs scripts/setup_verl.sh)",
     )
     p.set_defaults(func=run)
 
@@ -65,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     if args.trainer == "nemo-rl":
         return run_nemo_rl(args)
+    if args.trainer == "verl":
+        return run_verl(args)
     from tqdm import tqdm
 
     from partial_rollout.ledger import EVENTS_FILENAME, audit
@@ -138,16 +141,42 @@ def run_nemo_rl(args: argparse.Namespace) -> int:
     """The same demo on NeMo RL's SingleController (:mod:`partial_rollout_integrations.nemo_rl.demo`)."""
     from partial_rollout_integrations.nemo_rl.demo import run_demo
 
+    return _run_trainer_demo(args, "NeMo RL SingleController", run_demo, plot=True)
+
+
+def run_verl(args: argparse.Namespace) -> int:
+    """The same demo on verl's V1 trainer (:mod:`partial_rollout_integrations.verl.demo`); off, verl only records.
+
+    verl logs no training metrics to the work ledger, so this demo draws no reward curve."""
+    from partial_rollout_integrations.verl.demo import VerlEnvironment, reissues, run_demo
+
+    VerlEnvironment.from_environ()  # no .venv-verl: one line naming the fix, before anything runs
+    return _run_trainer_demo(args, "verl 0.9.1 V1 trainer (colocate_async)", run_demo, plot=False, footer=reissues)
+
+
+def _run_trainer_demo(
+    args: argparse.Namespace,
+    trainer: str,
+    run_demo: Callable[..., dict[str, dict[str, Any]]],
+    *,
+    plot: bool,
+    footer: Callable[[dict[str, dict[str, Any]]], str] | None = None,
+) -> int:
+    """An integration's demo (``run_demo(out, seed=)``: both runs' audits), its table and its verdict."""
     started = time.perf_counter()
     out = Path(args.out)
     for name, _ in RUNS:
         shutil.rmtree(out / f"partial_rollouts_{name}", ignore_errors=True)
-    print("NeMo RL SingleController, partial rollouts on and off side by side: train, SIGKILL, resume, audit")
+    print(f"{trainer}, partial rollouts on and off side by side: train, SIGKILL, resume, audit")
     results = run_demo(out, seed=args.seed)
-    for name, report in results.items():
-        _plot(report, out / f"partial_rollouts_{name}" / "reward.png", title=f"NeMo RL, partial rollouts {name}")
-    (out / "audit.json").write_text(json.dumps({"seed": args.seed, "trainer": "nemo-rl", **results}, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    if plot:
+        for name, report in results.items():
+            _plot(report, out / f"partial_rollouts_{name}" / "reward.png", title=f"{trainer}, partial rollouts {name}")
+    (out / "audit.json").write_text(json.dumps({"seed": args.seed, "trainer": args.trainer, **results}, indent=2))
     print(format_table(results))
+    if footer is not None:
+        print(footer(results))
     print(f"\ndemo wall time {time.perf_counter() - started:.0f} s; files under {out}/")
     return 0 if verdict(results["on"]) is None else 1
 

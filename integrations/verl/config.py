@@ -51,6 +51,11 @@ class PartialRolloutCheckpointConfig:
         """Whether anything of ours is installed in the run."""
         return self.enable or self.record_events
 
+    @property
+    def record_only(self) -> bool:
+        """``record_events`` without ``enable``: verl runs as it is and the ledger only records."""
+        return self.record_events and not self.enable
+
     def events_file(self, default_local_dir: str) -> str:
         """Where the run's ``events.jsonl`` goes, given verl's ``trainer.default_local_dir``."""
         return self.events_path or os.path.join(default_local_dir, "partial_rollouts", "events.jsonl")

@@ -15,6 +15,11 @@ parts that run on a CPU, and only those parts differ:
 - **weight sync** (a fake: verl moves weights over NCCL): :class:`CpuWeightSync` loads the trainer's
   newest weights into every server, labelled with the step.
 
+In ``separate_async`` (with ``actor_rollout_ref.hybrid_engine=false``) the harness builds what
+verl's ``_setup`` adds there after loading the checkpoint: no server on the training side, the
+standalone servers, and their weight sync, which aborts every request around the load as verl's
+``CheckpointEngineManager`` does with any backend but ``naive``.
+
 Everything else is verl's: the trainer loop (``fit``, ``step``, save and load), the TransferQueue,
 the replay buffer, the agent-loop manager and workers, the single-turn agent loop, the async
 client, the router's load balancer, the dataset and the dataloader, the reward loop (a rule-based
@@ -34,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import ray
+from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode, PPOTrainerSeparateAsync
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutReplica
 
@@ -172,18 +178,29 @@ class CpuServerManager(LLMServerManager):  # type: ignore[misc]
 
 
 class CpuWeightSync:
-    """Stands in for verl's checkpoint engine: the trainer's newest weights into every server."""
+    """Stands in for verl's checkpoint engine: the trainer's newest weights into every server.
 
-    def __init__(self, workers: CpuWorkerGroup, replicas: list[RolloutReplica]) -> None:
+    ``abort_around``: the sync aborts every request first and resumes them after, as verl's
+    ``CheckpointEngineManager.update_weights`` does with any backend but ``naive`` (the
+    ``separate_async`` trainer's standalone servers); without it, the trainer aborts and resumes
+    around the sync itself (``colocate_async``).
+    """
+
+    def __init__(self, workers: CpuWorkerGroup, replicas: list[RolloutReplica], *, abort_around: bool = False) -> None:
         self._workers = workers
         self._servers = [s for r in replicas for s in r.servers]
+        self._abort_around = abort_around
 
     def _all(self, method: str, *args: Any, **kwargs: Any) -> None:
         ray.get([getattr(s, method).remote(*args, **kwargs) for s in self._servers])
 
     def update_weights(self, global_steps: int | None = None) -> dict[str, Any]:
         step = self._workers.policy.version if global_steps is None else int(global_steps)
+        if self._abort_around:
+            self.abort_replicas()
         self._all("update_weights", str(self._workers.policy.weights_dir), step)
+        if self._abort_around:
+            self.resume_generation_replicas()
         return {}
 
     def abort_replicas(self, reject_request: bool = False) -> None:
@@ -232,7 +249,17 @@ class CpuHarness:
             "seed": int(self.config.actor_rollout_ref.rollout.get("seed", 0) or 0),
             "engine": dict(harness["engine"]),
         }
-        self.llm_server_manager = CpuServerManager.create(config=self.config)
-        self.checkpoint_manager = CpuWeightSync(self.actor_rollout_wg, self.llm_server_manager.get_replicas())
+        workers = self.actor_rollout_wg
+        if getattr(self, "_enable_hybrid_replicas", True):
+            self.llm_server_manager = CpuServerManager.create(config=self.config)
+        else:  # separate_async with actor_rollout_ref.hybrid_engine=false: no server on the training side
+            self.llm_server_manager = CpuServerManager.create_empty(config=self.config)
+        self.checkpoint_manager = CpuWeightSync(workers, self.llm_server_manager.get_replicas())
         self.checkpoint_manager.sleep_replicas()
         self._load_checkpoint()  # type: ignore[attr-defined]
+        if isinstance(self, PPOTrainerSeparateAsync):
+            # What verl's separate_async _setup adds after the load: the standalone servers.
+            self.standalone_server_manager = CpuServerManager.create(config=self.config, start_rank=0)
+            replicas = self.standalone_server_manager.get_replicas()
+            self.standalone_checkpoint_manager = CpuWeightSync(workers, replicas, abort_around=True)
+            self.current_mode = HybridEngineMode.TRAINER

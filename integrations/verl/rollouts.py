@@ -5,27 +5,65 @@ library's :class:`~partial_rollout.RolloutCheckpointer` on an event loop of its 
 verl needs around the library's protocol: the TransferQueue's tags read in the frozen window
 (:mod:`.reconcile`), and at a restore the samples each agent-loop client must continue, hand back
 or leave alone.
+
+A record-only run (``record_events``, flag off) uses the same object over verl's own clients
+(:class:`RecordingClients`): the cuts record what verl holds and change nothing, and at a resume
+each group verl re-issues from scratch is logged regenerated (:meth:`DurableRollouts.reissued`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from partial_rollout import RolloutCheckpointer
 from partial_rollout.checkpoint import PendingSnapshot
+from partial_rollout.engine import Cut
+from partial_rollout.errors import SnapshotError
 from partial_rollout.ledger import request_id
-from partial_rollout.snapshot import GroupState, SampleState
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleState
 from partial_rollout_integrations.verl.reconcile import TqView, reconcile
 from partial_rollout_integrations.verl.resume_checks import check_resume
 from partial_rollout_integrations.verl.servers import VerlServers
 from partial_rollout_integrations.verl.wire import HeldSample, sample_key, split_key, trajectory_key
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+RECORD_FOLDER = "ledger_{step}"
+"""Folder (beside ``events.jsonl``) of a record-only run's ledger at verl's checkpoint ``global_step_N``."""
+RECORD_ONLY = Fingerprints(model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a")
+"""What a record-only ledger is bound to: it holds no tokens to continue, so no model."""
+REISSUED_BY_VERL = "reissued_by_verl"
+"""Regeneration reason of a group verl's own re-issue cleared and generated again at a resume."""
+
+
+class RecordingClients(VerlServers):
+    """verl's own clients, in its agent-loop workers, as the engine a record-only run's ledger cuts.
+
+    Each worker hands what its :class:`~.client.RecordingLLMServerClient` noted; nothing pauses or
+    changes (verl's clients are between attempts at a checkpoint: its weight sync aborted them).
+    """
+
+    def __init__(self, workers: Callable[[], Sequence[Any]]) -> None:
+        """``workers``: the agent-loop workers' Ray actor handles, asked for at each cut (verl makes them later)."""
+        self._workers = workers
+        self.held = {}
+
+    async def _each(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(w, method).remote(*args) for w in self._workers())))
+
+    async def pause_and_capture(self) -> Cut:
+        self.held = {sample.key: sample for held in await self._each("recorded") for sample in held}
+        return Cut(samples={request_id(*split_key(key)): sample.record for key, sample in self.held.items()})
+
+    async def resume(self) -> None:
+        """Nothing was paused."""
 
 
 class DurableRollouts:
@@ -33,34 +71,37 @@ class DurableRollouts:
 
     def __init__(
         self,
-        handles: Sequence[Any],
+        servers: VerlServers,
         *,
         events: str | os.PathLike[str],
         n: int,
         read_tq: Callable[[], Mapping[str, Mapping[str, Any]]],
+        fingerprints: Fingerprints | None = None,
     ) -> None:
         """
         Args:
-            handles: the durable servers' Ray actor handles.
+            servers: the durable servers (or, recording only, verl's clients: :class:`RecordingClients`).
             events: the run's ``events.jsonl`` (appended to across restarts).
             n: samples per prompt (verl's ``actor_rollout_ref.rollout.n``).
             read_tq: returns the training partition's TransferQueue tags, key to tag.
+            fingerprints: what the snapshots are bound to; default: the servers' model and vLLM.
         """
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="partial-rollout-verl", daemon=True)
         self._thread.start()
-        self.servers = VerlServers(handles)
+        self.servers = servers
+        self.events = os.fspath(events)
         self._n = n
         self._read_tq = read_tq
-        self.checkpointer = self._run(self._make(events))
+        self.checkpointer = self._run(self._make(events, fingerprints))
         self.restored: dict[str, HeldSample] = {}
         """Samples a restore found unfinished or not yet stored in verl's TransferQueue, by key."""
         self.stored: frozenset[str] = frozenset()
         """Keys of samples a restore found finished in verl's TransferQueue."""
         self._forget: list[str] = []
 
-    async def _make(self, events: str | os.PathLike[str]) -> RolloutCheckpointer:
-        return RolloutCheckpointer(self.servers, events=events)
+    async def _make(self, events: str | os.PathLike[str], fingerprints: Fingerprints | None) -> RolloutCheckpointer:
+        return RolloutCheckpointer(self.servers, events=events, fingerprints=fingerprints)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -124,8 +165,8 @@ class DurableRollouts:
 
     # ---------------------------------------------------------------- resume
 
-    def start(self) -> None:
-        self.checkpointer.start(trainer="verl")
+    def start(self, *, partial_rollouts: bool = True) -> None:
+        self.checkpointer.start(trainer="verl", partial_rollouts=partial_rollouts)
 
     def restore(self, folder: str, *, step: int, rollout: Mapping[str, Any], allow_vllm_change: bool = False) -> None:
         """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it.
@@ -152,6 +193,38 @@ class DurableRollouts:
                         key=key, prompt_token_ids=prompt, record=sample, continued_tokens=sample.num_tokens
                     )
         self.restored, self.stored = restored, frozenset(stored)
+
+    def restore_record(self, folder: str, *, step: int) -> None:
+        """Load a record-only run's ledger as its cut at verl's checkpoint ``step`` left it (nothing continues).
+
+        A cut that is not there (the run before did not record) is logged as a resume from nothing,
+        with a warning: recording must not stop verl's resume.
+        """
+        restore = self.checkpointer.restore(
+            folder, settle=False, check_fingerprints=False, step=step, partial_rollouts=False
+        )
+        try:
+            self._run(restore)
+        except SnapshotError as e:
+            logger.warning("partial rollouts (record_events): %s; this resume is logged as one from nothing", e)
+            self._run(self._resume_from_nothing(folder, step=step, error=str(e)))
+
+    async def _resume_from_nothing(self, folder: str, *, step: int, error: str) -> None:
+        self.ledger.record_resume(checkpoint=folder, step=step, partial_rollouts=False, error=error)
+
+    def reissued(self, uids: Iterable[str], *, policy_version: int) -> None:
+        """verl's own re-issue is about to clear these groups' trajectories and generate them again.
+
+        Each group the ledger holds is logged regenerated (the tokens of its samples, in flight at the
+        checkpoint or finished and deleted by verl, discarded) and dispatched again, as verl does.
+        """
+        self._run(self._reissued(list(uids), policy_version=policy_version))
+
+    async def _reissued(self, uids: list[str], *, policy_version: int) -> None:
+        for uid in uids:
+            if uid in self.ledger:
+                self.ledger.regenerate(uid, reason=REISSUED_BY_VERL)
+                self.ledger.dispatch(uid, policy_version)
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -14,11 +14,8 @@ from typing import Any
 from partial_rollout.errors import ConfigError
 from partial_rollout_integrations.verl.config import BLOCK
 
-MODES = ("colocate_async",)
-"""The V1 trainer modes partial rollouts were tested in (``trainer.v1.trainer_mode``). The
-``separate_async`` trainer class exists (:mod:`.trainer`) but has no kill-and-resume test yet: its
-standalone servers keep generating through a save, which the cut of this version handles but no
-test has run, so it is refused until one does."""
+MODES = ("colocate_async", "separate_async")
+"""The V1 trainer modes partial rollouts were tested in (``trainer.v1.trainer_mode``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +28,8 @@ class Requirement:
     """Why another value cannot work, for the refusal."""
     fix: str
     """What to set instead."""
+    when: tuple[str, object] | None = None
+    """Checked only where this other key has this value (a mode's own requirement)."""
 
 
 REQUIREMENTS: tuple[Requirement, ...] = (
@@ -43,8 +42,16 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(
         "trainer.v1.trainer_mode",
         MODES,
-        "partial rollouts were tested in colocate_async only (separate_async: not yet)",
+        "partial rollouts hook verl's asynchronous trainers only",
         f"Set trainer.v1.trainer_mode={' or '.join(MODES)}",
+    ),
+    Requirement(
+        "actor_rollout_ref.hybrid_engine",
+        (False,),
+        "separate_async was tested with standalone rollout servers only, not with hybrid replicas lent"
+        " from the training side",
+        "Set actor_rollout_ref.hybrid_engine=false",
+        when=("trainer.v1.trainer_mode", "separate_async"),
     ),
     Requirement(
         "actor_rollout_ref.rollout.name",
@@ -80,7 +87,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
 """What :func:`check_supported` checks, in order."""
 
 
-NOT_YET: tuple[tuple[str, object], ...] = (("record_events", False), ("on_stale", "continue"))
+NOT_YET: tuple[tuple[str, object], ...] = (("on_stale", "continue"),)
 """Keys of the block the verl integration does not act on yet, with the one value it supports:
 another is refused rather than silently ignored."""
 
@@ -116,6 +123,8 @@ def check_supported(config: Mapping[str, Any]) -> None:
                 fix=f"Leave {BLOCK}.{name} at {shown(default)}",
             )
     for requirement in REQUIREMENTS:
+        if requirement.when is not None and select(config, requirement.when[0]) != requirement.when[1]:
+            continue
         value = select(config, requirement.key)
         if value not in requirement.allowed:
             raise ConfigError(

@@ -1,4 +1,4 @@
-"""verl's V1 async trainers with partial rollouts: the three methods that own save, load and re-issue.
+"""verl's V1 async trainers with partial rollouts: the three methods that own save, restore and re-issue.
 
 verl saves its TransferQueue at a checkpoint and, at a resume, clears every trajectory of each
 unfinished prompt group and generates the whole group again (``_reissue_inflight_prompts``). With
@@ -7,6 +7,10 @@ sampler state) and those finished that verl has not stored yet, in ``global_step
 before verl writes ``latest_checkpointed_iteration.txt``; a resume keeps a group's finished
 siblings, continues its unfinished samples from their prefixes, and runs only the samples that had
 not started. Everything else is verl's own trainer.
+
+With ``record_events`` and the flag off (:class:`RecordEvents`), verl's save, load, re-issue and
+client stay verl's; the work ledger only records what they do, so that the audit of its
+``events.jsonl`` measures what unmodified verl regenerates at a restart.
 """
 
 from __future__ import annotations
@@ -20,12 +24,20 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.utils import tensordict_utils as tu
 
-from partial_rollout_integrations.verl.client import DurableLLMServerClient
+from partial_rollout_integrations.verl.client import DurableLLMServerClient, RecordingLLMServerClient
 from partial_rollout_integrations.verl.config import PartialRolloutCheckpointConfig
-from partial_rollout_integrations.verl.rollouts import DurableRollouts
+from partial_rollout_integrations.verl.rollouts import (
+    RECORD_FOLDER,
+    RECORD_ONLY,
+    DurableRollouts,
+    RecordingClients,
+)
+from partial_rollout_integrations.verl.servers import VerlServers
 from partial_rollout_integrations.verl.wire import split_key
 
 PARTITION = "train"
+UNFINISHED = ("pending", "running")
+"""TransferQueue statuses of a prompt group verl re-issues at a resume."""
 logger = logging.getLogger(__name__)
 
 
@@ -46,7 +58,7 @@ class PartialRolloutCheckpoint:
             os.makedirs(os.path.dirname(os.path.abspath(events)), exist_ok=True)
             handles = [h for m in self._rollout_server_managers() for h in m.server_handles]  # type: ignore[attr-defined]
             self._durable = DurableRollouts(
-                handles, events=events, n=int(self.config.actor_rollout_ref.rollout.n), read_tq=_read_tq
+                VerlServers(handles), events=events, n=int(self.config.actor_rollout_ref.rollout.n), read_tq=_read_tq
             )
         return self._durable
 
@@ -76,17 +88,26 @@ class PartialRolloutCheckpoint:
 
     # ---------------------------------------------------------------- resume
 
-    def _load_checkpoint(self) -> None:
-        super()._load_checkpoint()  # type: ignore[misc]
+    def on_init_end(self) -> None:
+        """Restore the snapshot of the checkpoint verl loaded, once every server runs; then verl's hook.
+
+        verl's ``init`` loads its checkpoint inside ``_setup`` and then calls this hook, which pushes
+        the loaded weights to the servers. In ``separate_async`` the standalone servers launch after
+        the load, so the restore waits for this hook: the snapshot is checked against the servers
+        that will continue it.
+        """
         if self.global_steps == 0:
             self.durable.start()
-            return
-        from omegaconf import OmegaConf
+        else:
+            from omegaconf import OmegaConf
 
-        allow = self._block().allow_vllm_change
-        rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
-        assert isinstance(rollout, dict), "actor_rollout_ref.rollout is a mapping in verl's config"
-        self.durable.restore(self._resumed_folder(), step=self.global_steps, rollout=rollout, allow_vllm_change=allow)
+            allow = self._block().allow_vllm_change
+            rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
+            assert isinstance(rollout, dict), "actor_rollout_ref.rollout is a mapping in verl's config"
+            self.durable.restore(
+                self._resumed_folder(), step=self.global_steps, rollout=rollout, allow_vllm_change=allow
+            )
+        super().on_init_end()  # type: ignore[misc]
 
     def _block(self) -> PartialRolloutCheckpointConfig:
         from omegaconf import OmegaConf
@@ -113,9 +134,7 @@ class PartialRolloutCheckpoint:
         exactly as old as it was. A group nothing of which survived is a new dispatch, as in verl.
         """
         items = _read_tq(partition_id)
-        uids = [
-            k for k, tag in items.items() if tag.get("is_prompt", False) and tag.get("status") in ("pending", "running")
-        ]
+        uids = _unfinished_prompts(items)
         if not uids:
             return 0
         durable = self.durable
@@ -147,6 +166,11 @@ def _read_tq(partition_id: str = PARTITION) -> dict[str, Any]:
     return dict(listed.get(partition_id, {}))
 
 
+def _unfinished_prompts(items: dict[str, Any]) -> list[str]:
+    """The prompt groups a resume re-issues: pending or running in the TransferQueue's tags."""
+    return [k for k, tag in items.items() if tag.get("is_prompt", False) and tag.get("status") in UNFINISHED]
+
+
 class ColocateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerColocateAsync):  # type: ignore[misc]
     """verl's ``colocate_async`` trainer with partial rollouts."""
 
@@ -154,8 +178,26 @@ class ColocateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerColocateAsync):  
 class SeparateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerSeparateAsync):  # type: ignore[misc]
     """verl's ``separate_async`` trainer with partial rollouts."""
 
+    standalone_checkpoint_manager: Any
+
     def _client_manager(self) -> Any:
         return self.standalone_server_manager
+
+    def _save_checkpoint(self) -> None:
+        """verl's save, with the standalone servers aborted around it as each of verl's weight syncs does.
+
+        Here the servers generate while the trainer saves: a sample finishing between the cut and
+        verl's TransferQueue save would be in flight in the snapshot and finished in verl's. Aborted
+        first (each sample's prefix and sampler state kept, the client's retry parked), nothing
+        runs from the cut to the commit, and the two hold the same work, as in ``colocate_async``,
+        whose servers are aborted and asleep at every save.
+        """
+        manager = self.standalone_checkpoint_manager
+        manager.abort_replicas()
+        try:
+            super()._save_checkpoint()
+        finally:
+            manager.resume_generation_replicas()
 
 
 TRAINERS: dict[str, type] = {"colocate_async": ColocateAsyncTrainer, "separate_async": SeparateAsyncTrainer}
@@ -167,3 +209,101 @@ def trainer_class(mode: str) -> type:
         return TRAINERS[mode]
     except KeyError:
         raise ValueError(f"partial rollouts support trainer modes {sorted(TRAINERS)}, not {mode!r}") from None
+
+
+class RecordEvents:
+    """Mixed in before a verl V1 async trainer class with ``record_events`` on and ``enable`` off.
+
+    verl's trainer stays verl's: its own client (:class:`.client.RecordingLLMServerClient`, which
+    only notes what each attempt returned), its own save (nothing of ours in ``global_step_N/``),
+    its own re-issue (unfinished groups generated again from their prompts, their finished siblings
+    deleted). The work ledger records what happens: at each checkpoint it is levelled with verl's
+    TransferQueue and with what verl's clients hold, and its cut is written beside ``events.jsonl``
+    (``ledger_<step>/``) before verl's save; at a resume that cut is read back, and each group verl
+    re-issues is logged regenerated with the tokens verl throws away.
+    """
+
+    config: Any
+    global_steps: int
+    agent_loop_manager: Any
+    _recorder: DurableRollouts | None = None
+
+    @property
+    def recorder(self) -> DurableRollouts:
+        """The run's work ledger over verl's clients (asked at each cut; verl makes them in ``fit``)."""
+        if self._recorder is None:
+            clients = RecordingClients(lambda: self.agent_loop_manager.agent_loop_workers)
+            self._recorder = DurableRollouts(
+                clients,
+                events=_block(self.config).events_file(self.config.trainer.default_local_dir),
+                n=int(self.config.actor_rollout_ref.rollout.n),
+                read_tq=_read_tq,
+                fingerprints=RECORD_ONLY,
+            )
+        return self._recorder
+
+    def _record_folder(self, step: int) -> str:
+        return os.path.join(os.path.dirname(os.path.abspath(self.recorder.events)), RECORD_FOLDER.format(step=step))
+
+    def _client_manager(self) -> Any:
+        """The server manager whose router the mode's agent loops use."""
+        return self.llm_server_manager  # type: ignore[attr-defined]
+
+    def get_llm_client(self) -> Any:
+        return self._client_manager().get_client(client_cls=RecordingLLMServerClient)
+
+    def fit(self, agent_loop_manager: Any) -> None:
+        super().fit(agent_loop_manager)  # type: ignore[misc]
+        self.recorder.end(step=self.global_steps - 1)
+
+    def _save_checkpoint(self) -> None:
+        """The ledger's cut beside ``events.jsonl``, then verl's own save as its commit."""
+        pending = self.recorder.cut(
+            self._record_folder(self.global_steps), step=self.global_steps, policy_version=self.global_steps
+        )
+        pending.write(commit=super()._save_checkpoint)  # type: ignore[misc]
+        self.recorder.written()
+
+    def on_init_end(self) -> None:
+        """Log a fresh start, or read back the ledger's cut of the checkpoint verl loaded; then verl's hook."""
+        if self.global_steps == 0:
+            self.recorder.start(partial_rollouts=False)
+        else:
+            self.recorder.restore_record(self._record_folder(self.global_steps), step=self.global_steps)
+        super().on_init_end()  # type: ignore[misc]
+
+    def _reissue_inflight_prompts(self, partition_id: str = PARTITION) -> int:
+        """verl's own re-issue, each group it generates again logged regenerated first."""
+        self.recorder.reissued(_unfinished_prompts(_read_tq(partition_id)), policy_version=self.global_steps)
+        return super()._reissue_inflight_prompts(partition_id)  # type: ignore[misc,no-any-return]
+
+
+def _block(config: Any) -> PartialRolloutCheckpointConfig:
+    from omegaconf import OmegaConf
+
+    return PartialRolloutCheckpointConfig.from_trainer_v1(OmegaConf.to_container(config.trainer.v1, resolve=True))
+
+
+class RecordingColocateAsyncTrainer(RecordEvents, PPOTrainerColocateAsync):  # type: ignore[misc]
+    """verl's ``colocate_async`` trainer as it is, its work recorded."""
+
+
+class RecordingSeparateAsyncTrainer(RecordEvents, PPOTrainerSeparateAsync):  # type: ignore[misc]
+    """verl's ``separate_async`` trainer as it is, its work recorded."""
+
+    def _client_manager(self) -> Any:
+        return self.standalone_server_manager
+
+
+RECORDING: dict[str, type] = {
+    "colocate_async": RecordingColocateAsyncTrainer,
+    "separate_async": RecordingSeparateAsyncTrainer,
+}
+
+
+def recording_trainer_class(mode: str) -> type:
+    """The trainer class for ``trainer.v1.trainer_mode`` with ``record_events`` on and the flag off."""
+    try:
+        return RECORDING[mode]
+    except KeyError:
+        raise ValueError(f"recording supports trainer modes {sorted(RECORDING)}, not {mode!r}") from None

@@ -40,9 +40,9 @@ VALID = [
 REFUSED = {
     "legacy_trainer": ([ON, *SUPPORTED, "trainer.use_v1=false"], "trainer.use_v1: false"),
     "sync_mode": ([ON, "actor_rollout_ref.rollout.name=vllm"], "trainer.v1.trainer_mode: sync"),
-    "separate_mode": (
+    "separate_mode_hybrid": (
         [ON, "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.name=vllm", *VALID],
-        "trainer.v1.trainer_mode: separate_async",
+        "actor_rollout_ref.hybrid_engine: true",
     ),
     "sglang": ([ON, SUPPORTED[0], "actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name: sglang"),
     "tool_agent": (
@@ -68,6 +68,13 @@ REFUSED = {
 
 PASSING = {
     "on": [ON, *SUPPORTED, *VALID],
+    "on_separate": [
+        ON,
+        "trainer.v1.trainer_mode=separate_async",
+        SUPPORTED[1],
+        "actor_rollout_ref.hybrid_engine=false",
+        *VALID,
+    ],
     "off_unsupported_settings": ["actor_rollout_ref.rollout.name=sglang", "trainer.use_v1=true", *VALID],
     "misspelled_without_plus": [f"{BLOCK}.enabel=true"],
 }
@@ -152,7 +159,7 @@ def test_a_misspelled_key_without_plus_is_refused_by_hydra(driver: dict[str, Any
     assert f"Could not override '{BLOCK}.enabel'" in case["stderr_tail"]
 
 
-@pytest.mark.parametrize(("name", "mode"), [("on", "colocate_async")])
+@pytest.mark.parametrize(("name", "mode"), [("on", "colocate_async"), ("on_separate", "separate_async")])
 def test_with_the_flag_on_our_task_runner_gets_the_block(driver: dict[str, Any], name: str, mode: str) -> None:
     case = driver["cases"][name]
     assert case["rc"] == 0, case["stderr_tail"]

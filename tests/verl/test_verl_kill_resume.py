@@ -13,9 +13,12 @@ flight finishes from its whole prefix (its finish event continues exactly the sa
 when the run's last steps do not reach it, is held by the next checkpoint beginning with its saved
 tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
 snapshot hold the same groups unfinished and the same samples finished; and a resume under another
-temperature than the snapshot's is refused in one line (exit status 3). Flag off: what verl 0.9.1
-throws away at the same kill, read from its own re-issue log line, is measured and printed, not
-asserted.
+temperature than the snapshot's is refused in one line (exit status 3). The same holds on the
+``separate_async`` trainer with standalone servers (a third run, side by side). Flag off, with
+``record_events`` (verl runs as it is, the work ledger only records): what verl 0.9.1 throws away at
+the same kills is measured by the audit of its ``events.jsonl`` (lost, duplicated, tokens
+regenerated) and printed, not asserted, and checked against verl's own re-issue log line; both runs'
+audits are printed as ``partial-rollout demo --trainer verl`` prints them.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ DRIVER = Path(__file__).with_name("cpu_run.py")
 TQ_READER = Path(__file__).with_name("tq_checkpoint.py")
 REPO = Path(__file__).resolve().parents[2]
 ON = "trainer.v1.partial_rollout_checkpoint.enable=true"
+SEPARATE = (
+    "trainer.v1.trainer_mode=separate_async",
+    "actor_rollout_ref.hybrid_engine=false",
+    "trainer.v1.separate_async.parameter_sync_step=1",  # a weight sync (and its abort) every step
+    "trainer.v1.separate_async.num_warmup_batches=2",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",  # verl's non-naive sync: abort, load, resume
+)
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
 KILLED = re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE)
 REISSUED_STEPS = re.compile(r'^(\{"reissued_at": .*\})$', re.MULTILINE)
@@ -103,6 +113,8 @@ KillTwice = tuple[Path, list[str], list[int]]
 class Runs:
     on: KillTwice
     off: KillTwice
+    separate: KillTwice
+    """Flag on, ``trainer.v1.trainer_mode=separate_async`` with standalone servers."""
     temperature: tuple[Path, int, int, str]
     """The folder, step, exit status and output of a resume of the flag-on run's first kill under
     another temperature."""
@@ -114,7 +126,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     run's first kill left its checkpoint: a verl run spends much of its time starting Ray, verl and
     the engine, or waiting on a long sample, and kept this 2-core machine about 60% busy."""
     root = tmp_path_factory.mktemp("verl_kill")
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(4) as pool:
         temperature: list[Future[tuple[Path, int, int, str]]] = []
 
         def copy_then_resume(step: int) -> None:
@@ -126,21 +138,44 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             temperature.append(pool.submit(lambda: (bad.parent, step, *_run(bad.parent, overrides))))
 
         on = pool.submit(_kill_twice, root / "on", [ON], after_first_kill=copy_then_resume)
-        off = pool.submit(_kill_twice, root / "off", [])
+        off = pool.submit(_kill_twice, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"])
+        separate = pool.submit(_kill_twice, root / "separate", [ON, *SEPARATE])
         (on_out, on_killed), (off_out, off_killed) = on.result(), off.result()
         return Runs(
             on=(root / "on", on_out, on_killed),
             off=(root / "off", off_out, off_killed),
+            separate=(root / "separate", *separate.result()),
             temperature=temperature[0].result(),
         )
 
 
 def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
-    run_dir, outputs, killed = runs.on
+    killed = _assert_killed_twice_continued(runs.on, "flag on (colocate_async)")
+
+    # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
+    # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
+    bad, step, rc, out = runs.temperature
+    assert step == killed[0]
+    (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
+    assert rc == 3, out[-4000:]
+    snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
+    assert line.startswith(f"partial-rollout: {snapshot}: groups["), line
+    assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line
+
+
+def test_separate_async_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
+    """The same on verl's separate_async trainer, whose standalone servers generate through training:
+    its save aborts them around the cut and verl's TransferQueue save, so the two still agree."""
+    _assert_killed_twice_continued(runs.separate, "flag on (separate_async)")
+
+
+def _assert_killed_twice_continued(side: KillTwice, name: str) -> list[int]:
+    """A flag-on run killed twice: nothing lost, every saved prefix continued; returns the killed steps."""
+    run_dir, outputs, killed = side
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
-        f"flag on: yielded {report.yielded}, trained {report.trained}, evicted {report.evicted},"
+        f"{name}: yielded {report.yielded}, trained {report.trained}, evicted {report.evicted},"
         f" lost {report.lost}, duplicated {report.duplicated}, stranded {report.stranded},"
         f" tokens continued {report.tokens_continued}, regenerated {report.tokens_regenerated}"
     )
@@ -179,16 +214,7 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -
                 assert later[sample][: len(tokens)] == tokens, f"{sample} was restarted, not continued"
     assert continued, "no sample saved in flight finished after a resume"
     assert kept_older, "no re-issued group was dispatched before the step it resumed at: the check tests nothing"
-
-    # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
-    # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
-    bad, step, rc, out = runs.temperature
-    assert step == killed[0]
-    (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
-    assert rc == 3, out[-4000:]
-    snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
-    assert line.startswith(f"partial-rollout: {snapshot}: groups["), line
-    assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line
+    return killed
 
 
 def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[str, int], list[int]]:
@@ -206,8 +232,9 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> dict[str, dict]:
     """verl's TransferQueue checkpoint of ``step`` and our snapshot of it hold the same unfinished work.
 
     verl saves its TQ after our cut, but in ``colocate_async`` its servers are aborted and asleep
-    from the end of a step's sampling until after the save, so nothing finishes in between: the two
-    must agree exactly. Every group our snapshot holds, verl holds untrained (running or pending; a
+    from the end of a step's sampling until after the save, and in ``separate_async`` our save
+    aborts the standalone servers around both, so nothing finishes in between: the two must agree
+    exactly. Every group our snapshot holds, verl holds untrained (running or pending; a
     group whose samples all finished, ``finished``); the samples each holds finished are the ones
     verl stores; a group verl holds that we do not had no sample on a server at the cut, so verl
     stores none of its samples either.
@@ -271,15 +298,60 @@ def _assert_dispatch_steps_kept(checkpoints: Path, step: int, tags: dict[str, di
 
 
 def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
+    """Flag off, recording: verl's own re-issue at each resume regenerates the groups in flight at the
+    checkpoint and deletes their finished siblings; the audit counts it, and agrees with verl's log."""
+    from partial_rollout_integrations import demo
+    from partial_rollout_integrations.verl import demo as verl_demo
+
     run_dir, outputs, killed = runs.off
     assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
-    reissues = [m.groups() for out in outputs[1:] for m in REISSUED.finditer(out)]
-    prompts = sum(int(p) for p, _, _ in reissues)
-    cleared = sum(int(c) for _, _, c in reissues)
-    print(
-        f"flag off: over 2 resumes verl re-issued {prompts} in-flight prompt groups from scratch"
-        f" ({len(reissues)} re-issue log lines), deleting {cleared} finished siblings"
-    )
     for out in outputs[1:]:
         assert "Resuming from" in out, "a killed run must resume from its checkpoint"
-    assert not (run_dir / "checkpoints" / "partial_rollouts").exists(), "flag off must install nothing of ours"
+    checkpoints = run_dir / "checkpoints"
+    assert not list(checkpoints.glob("global_step_*/partial_rollouts*")), "flag off writes no snapshot of ours"
+    ledger = checkpoints / "partial_rollouts"
+    report = audit(ledger / "events.jsonl")
+    assert report.complete, "the recorded run reached its end"
+    assert [r["step"] for r in report.resumes] == killed, "the audit sees both resumes, from the killed checkpoints"
+
+    # verl's own count: "Re-issued N in-flight prompts for step S; cleared C old trajectories", at each resume.
+    verl_counts = {int(s): (int(p), int(c)) for out in outputs[1:] for p, s, c in REISSUED.findall(out)}
+    events = [json.loads(line) for line in (ledger / "events.jsonl").open()]
+    resumes = [i for i, e in enumerate(events) if e["event"] == "resume"]
+    groups = siblings = discarded = 0
+    for start, step in zip(resumes, killed, strict=True):
+        end = next((i for i in resumes if i > start), len(events))
+        regenerated = [e for e in events[start:end] if e["event"] == "regenerate"]
+        verl_groups, cleared = verl_counts.get(step + 1, (0, 0))
+        assert len(regenerated) == verl_groups, f"resumed at step {step + 1}: verl re-issued {verl_groups} groups"
+        assert {e["reason"] for e in regenerated} <= {"reissued_by_verl"}
+        # the finished siblings the recorded cut held of those groups: verl deleted those it had stored
+        cut = {g.group_id: g for g in load_snapshot(ledger / f"ledger_{step}").groups}
+        finished = sum(s.state is SampleState.FINISHED for e in regenerated for s in cut[e["prompt"]].samples)
+        assert cleared <= finished, f"step {step}: verl deleted {cleared} trajectories, the cut held {finished}"
+        groups, siblings = groups + verl_groups, siblings + cleared
+        discarded += sum(e["discarded_tokens"] for e in regenerated)
+    # killed right after the checkpoint: nothing generated after it was logged, so every token the
+    # audit calls regenerated is one a regenerate event discarded
+    assert report.tokens_regenerated == discarded
+    print(
+        f"flag off (recorded): yielded {report.yielded}, trained {report.trained}, lost {report.lost},"
+        f" duplicated {report.duplicated}, stranded {report.stranded}, tokens regenerated"
+        f" {report.tokens_regenerated}; verl re-issued {groups} in-flight groups from scratch over the 2"
+        f" resumes, deleting {siblings} finished siblings"
+    )
+
+    # The demo's table of both runs, from these runs' own event logs (partial-rollout demo --trainer verl).
+    results = {
+        name: verl_demo.report(
+            folder / "checkpoints" / "partial_rollouts" / "events.jsonl", log="".join(out), wall_s="-"
+        )
+        for name, (folder, out, _) in (("on", runs.on), ("off", runs.off))
+    }
+    table = demo.format_table(results)
+    print(table)
+    print(verl_demo.reissues(results))
+    rows = {line[:38].strip(): line[38:].split() for line in table.splitlines() if line[:38].strip()}
+    assert rows["LOST"] == [str(results["on"]["lost"]), str(report.lost)]
+    assert rows["tokens regenerated (rolled back)"][1] == str(report.tokens_regenerated)
+    assert results["off"]["verl_reissued"] == {"groups": groups, "trajectories_cleared": siblings}
