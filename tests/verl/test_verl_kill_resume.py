@@ -14,7 +14,9 @@ when the run's last steps do not reach it, is held by the next checkpoint beginn
 tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
 snapshot hold the same groups unfinished and the same samples finished; and a resume under another
 temperature than the snapshot's is refused in one line (exit status 3). The same holds on the
-``separate_async`` trainer with standalone servers (a third run, side by side). Flag off, with
+``separate_async`` trainer with standalone servers (a third run, side by side), whose policy steps
+change no weight so that each continued sample can be compared, as the loss reads it, with the
+same sample drawn uninterrupted on a fresh float32 engine: token for token. Flag off, with
 ``record_events`` (verl runs as it is, the work ledger only records): what verl 0.9.1 throws away at
 the same kills is measured by the audit of its ``events.jsonl`` (lost, duplicated, tokens
 regenerated) and printed, not asserted, and checked against verl's own re-issue log line; both runs'
@@ -23,6 +25,7 @@ audits are printed as ``partial-rollout demo --trainer verl`` prints them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -33,11 +36,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import verl_harness as harness
+from safetensors.torch import load_file
 
+from partial_rollout.engine import EngineConfig, ResumableEngine
 from partial_rollout.ledger import audit
-from partial_rollout.snapshot import GroupState, SampleState, load_snapshot
+from partial_rollout.snapshot import GroupState, SampleRecord, SampleState, load_snapshot
 from partial_rollout_integrations.verl.wire import sample_key, trajectory_key
 
 pytestmark = harness.needs_verl
@@ -52,7 +58,12 @@ SEPARATE = (
     "trainer.v1.separate_async.parameter_sync_step=1",  # a weight sync (and its abort) every step
     "trainer.v1.separate_async.num_warmup_batches=2",
     "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",  # verl's non-naive sync: abort, load, resume
+    # Every version the same weights: a continued sample's uninterrupted draw is then defined (one call
+    # on a fresh engine), however the run's weight syncs, its save's aborts and the kills cut it.
+    "partial_rollout_cpu.weight_noise=0",
 )
+NUMERICS = 1e-4
+"""|logprob difference| allowed between a decode and a continuation's re-prefill, in float32."""
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
 KILLED = re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE)
 REISSUED_STEPS = re.compile(r'^(\{"reissued_at": .*\})$', re.MULTILINE)
@@ -167,6 +178,55 @@ def test_separate_async_killed_twice_loses_nothing_and_continues_prefixes(runs: 
     """The same on verl's separate_async trainer, whose standalone servers generate through training:
     its save aborts them around the cut and verl's TransferQueue save, so the two still agree."""
     _assert_killed_twice_continued(runs.separate, "flag on (separate_async)")
+
+
+def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs: Runs) -> None:
+    """What the loss reads of a sample a kill held in flight (the CPU worker's ``trained/`` files: verl's
+    TransferQueue fields) is what that sample draws uninterrupted: its prompt and its sampling (seed
+    included) from the snapshot, one call on a fresh float32 engine. On the separate side every
+    version has the same weights (``SEPARATE``), so the only difference between the two is every cut
+    the run made: weight syncs, the save's aborts and the two kills, each continued from a prefix and
+    a sampler state."""
+    run_dir, _, killed = runs.separate
+    checkpoints = run_dir / "checkpoints"
+    trained: dict[str, dict[str, list]] = {}
+    for path in sorted((checkpoints / "trained").glob("step_*.safetensors")):
+        for name, value in load_file(path).items():
+            key, _, field = name.rpartition(".")
+            trained.setdefault(key, {})[field] = value.tolist()
+    cases: dict[str, tuple[list[int], SampleRecord]] = {}
+    for step in killed:
+        snapshot = load_snapshot(checkpoints / f"global_step_{step}" / "partial_rollouts.safetensors")
+        model = snapshot.fingerprints.model_path
+        for g in snapshot.groups:
+            for s in g.samples:
+                key = trajectory_key(sample_key(g.group_id, s.index))
+                if s.state is SampleState.IN_FLIGHT and s.num_tokens and key in trained:
+                    cases[key] = (g.prompt_token_ids.tolist(), s)
+    assert cases, "no sample held in flight at a kill was trained: the check tests nothing"
+
+    async def uninterrupted() -> dict[str, SampleRecord]:
+        config = EngineConfig(model=model, dtype="float32", max_model_len=512, multiprocessing=False)
+        engine = await ResumableEngine.start(config)
+        try:  # one at a time: the draw alone in its batch
+            return {
+                key: await engine.generate(key, prompt, s.sampling, index=s.index) for key, (prompt, s) in cases.items()
+            }
+        finally:
+            await engine.shutdown()
+
+    whole = asyncio.run(uninterrupted())
+    tokens = 0
+    for key, (prompt, saved) in cases.items():
+        loss = trained[key]
+        assert loss["prompt"] == prompt, f"{key}: trained on another prompt than the snapshot's"
+        assert loss["response"][: saved.num_tokens] == saved.token_ids.tolist(), f"{key}: the saved prefix was not kept"
+        assert loss["response"] == whole[key].token_ids.tolist(), (
+            f"{key}: continued from {saved.num_tokens} saved tokens, it drew other tokens than uninterrupted"
+        )
+        assert np.max(np.abs(np.array(loss["logprobs"]) - whole[key].logprobs)) < NUMERICS, key
+        tokens += len(loss["response"])
+    print(f"separate_async: {len(cases)} samples continued across a kill, {tokens} tokens, as drawn uninterrupted")
 
 
 def _assert_killed_twice_continued(side: KillTwice, name: str) -> list[int]:
