@@ -130,7 +130,9 @@ def check_match(
             path=path,
             field="fingerprints.vllm_version",
             fix=f"Resume with vLLM {saved.vllm_version}, or allow the change "
-            "(allow_vllm_change=True; in a trainer checkpointing.partial_rollouts.allow_vllm_change=true): "
+            "(allow_vllm_change=True; in NeMo RL's or the reference trainer's config "
+            "checkpointing.partial_rollouts.allow_vllm_change=true, in verl's "
+            "trainer.v1.partial_rollout_checkpoint.allow_vllm_change=true): "
             "its in-flight samples then continue inexactly",
         )
     mismatches = [m for m in mismatches if not (allow_vllm_change and m == "vllm_version")]
