@@ -41,8 +41,8 @@ if [[ -n "${NEMO_RL_SRC:-}" ]]; then
 fi
 SETUPS+=("scripts/setup_verl.sh")
 # The other environments at once: each is a venv of its own, made from .venv's Python, and much of a
-# pip install waits on downloads and the disk (one after another they took 8 min of a fresh CI run
-# here). Each one's output is printed whole when it ends, in the order started.
+# pip install waits on downloads and the disk (in a fresh CI run here: about 470 s one after another,
+# 213 s at once). Each one's output is printed whole when it ends, in the order started.
 echo "test: setting up ${#SETUPS[@]} environments at once: ${SETUPS[*]}"
 setup_logs=$(mktemp -d)
 pids=()
@@ -68,49 +68,14 @@ fi
 # mypy checks integrations/ under its installed name, through this link (pyproject.toml's [tool.mypy] says why).
 mkdir -p .venv/mypy-path && ln -sfn ../../integrations .venv/mypy-path/partial_rollout_integrations
 .venv/bin/mypy
-
-# The whole suite. The trainer integrations' tests run verl's and NeMo RL's controllers as subprocesses
-# that leave much of the machine idle (they wait on Ray, on start-up, on one another), so unless the
-# arguments name tests themselves, those folders run as a second pytest beside the rest, whose
-# output is printed whole once both are done.
-INTEGRATIONS=(tests/verl tests/nemo_rl)
-suite() {
-  local arg
-  for arg in "$@"; do
-    if [[ -e "${arg%%::*}" ]]; then
-      .venv/bin/python -m pytest "$@"
-      return
-    fi
-  done
-  local log pid rest=0 integrations=0
-  log=$(mktemp)
-  .venv/bin/python -m pytest "$@" "${INTEGRATIONS[@]}" > "$log" 2>&1 &
-  pid=$!
-  echo "test: ${INTEGRATIONS[*]} run beside the rest; their output follows the rest's"
-  .venv/bin/python -m pytest "$@" "${INTEGRATIONS[@]/#/--ignore=}" || rest=$?
-  wait "$pid" || integrations=$?
-  echo "test: ${INTEGRATIONS[*]}, run beside the rest:"
-  cat "$log"
-  rm -f "$log"
-  # pytest's 5 is "no test collected": one half may select nothing (-m "not verl"), not both.
-  if [[ $rest == 5 && $integrations == 5 ]]; then
-    return 5
-  fi
-  [[ $rest == 5 ]] && rest=0
-  [[ $integrations == 5 ]] && integrations=0
-  [[ $rest == 0 ]] || return "$rest"
-  return "$integrations"
-}
-
-status=0
 if [[ ${#MATRIX[@]} -eq 0 ]]; then
-  suite "$@" || status=$?
-  exit "$status"
+  exec .venv/bin/python -m pytest "$@"
 fi
 exchange=$(mktemp -d)
 trap 'rm -rf "$exchange"' EXIT
 export PARTIAL_ROLLOUT_VLLM_EXCHANGE="$exchange"
-suite "$@" || status=$?
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
 mapfile -t core_files < <(grep -l 'pytest.mark.vllm_core' tests/test_*.py)
 before=${MATRIX[0]}
 if [[ ! -d "$exchange/vllm-$before" ]]; then
