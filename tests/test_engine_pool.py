@@ -54,8 +54,7 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
                 # Cut mid-generation whatever the machine's speed (the engine's counters have no event to wait on).
                 while (await pool.progress()).tokens_received < 64:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
-                cut = await pool.pause_and_capture()
-                await pool.resume()
+                cut = await pool.cut()
                 return {rid: await t for rid, t in tasks.items()}, cut, await pool.fingerprints()
             finally:
                 await pool.shutdown()

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import v1_worker
 from safetensors.torch import load_file, save_file
 
 from partial_rollout.cli import main
@@ -100,8 +101,8 @@ def test_versions_follow_a_live_update_through_a_cut_and_a_resume(
     reload = vllm_internals.reload_weights
 
     async def observed_reload(llm, weights_dir: str) -> None:
-        """The engine is paused and drained here: record what its workers hold, then load."""
-        at_reload[weights_dir] = {rid: count for rid, (count, _) in (await vllm_internals.worker_requests(llm)).items()}
+        """The engine is paused and settled here: record what its workers hold, then load."""
+        at_reload[weights_dir] = {rid: count for rid, (count, _) in (await v1_worker.worker_requests(llm)).items()}
         await reload(llm, weights_dir)
 
     monkeypatch.setattr(vllm_internals, "reload_weights", observed_reload)
@@ -121,8 +122,7 @@ def test_versions_follow_a_live_update_through_a_cut_and_a_resume(
             await engine.update_weights(str(new_head), 1)
             boundary = at_reload[str(new_head)][RID]
             await holds(boundary + AFTER)
-            cut = await engine.pause_and_capture()
-            await engine.resume()
+            cut = await engine.cut()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -104,9 +104,8 @@ def test_cut_and_resume_while_the_scheduler_preempts(loop_thread, tiny_llama: Pa
                 assert not any(t.done() for t in tasks.values()), "a request finished before any preemption"
                 await asyncio.sleep(0.002)
             at_cut = {"started": started, "waiting": watch.waiting, "running": watch.running}
-            cut = await engine.pause_and_capture()
-            held = (await engine.progress()).live_tokens  # the engine is frozen: what each request had received
-            await engine.resume()
+            cut = await engine.cut()
+            held = (await engine.progress()).live_tokens  # the same turn: what each request had received
             uninterrupted = {rid: await t for rid, t in tasks.items()}
             preempted_before_resume = watch.preemptions
             resumed = await asyncio.gather(

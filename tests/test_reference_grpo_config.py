@@ -84,7 +84,7 @@ def test_unknown_yaml_key_is_refused(tmp_path: Path) -> None:
 
 
 class _PlainEngine:
-    """An engine that generates but cannot cut its in-flight requests (no pause_and_capture/resume)."""
+    """An engine that generates but cannot cut its in-flight requests (no cut)."""
 
     async def generate(self, request_id, prompt_token_ids, sampling, *, index, resume_from=None):
         raise AssertionError("must not be reached: the config check comes first")
@@ -102,8 +102,8 @@ def test_an_engine_that_cannot_capture_fails_at_start(tmp_path: Path) -> None:
     )
     with pytest.raises(
         ConfigError,
-        match=r"engine: _PlainEngine is not a RolloutEngine: it lacks capabilities, pause_and_capture, progress, "
-        r"reset_prefix_cache, resume, shutdown",
+        match=r"engine: _PlainEngine is not a RolloutEngine: it lacks capabilities, cut, progress, "
+        r"reset_prefix_cache, shutdown",
     ):
         asyncio.run(run_training(cfg, engine=_PlainEngine(), progress=False))
     assert not (tmp_path / "l").exists()  # nothing was started or written

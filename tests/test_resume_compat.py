@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partial_rollout.engine import EngineConfig, ResumableEngine
+from partial_rollout.engine import EngineConfig, ResumableEngine, samplers
 from partial_rollout.errors import SnapshotError
 from partial_rollout.snapshot import (
     GroupRecord,
@@ -67,11 +67,10 @@ def _cut(model: Path, loop_thread) -> tuple[dict, object]:
                 if min(live.get("long", 0), live.get("short", 0)) >= 100:
                     break
                 await asyncio.sleep(0.01)
-            cut = await engine.pause_and_capture()
+            cut = await engine.cut()
             prints = await engine.fingerprints()
             for t in tasks:
                 t.cancel()
-            await engine.resume()
             return cut.samples, prints
         finally:
             await engine.shutdown()
@@ -83,10 +82,10 @@ def test_resume_on_an_engine_with_other_limits(tiny_llama: Path, loop_thread, tm
     samples, a_prints = _cut(tiny_llama, loop_thread)
     long, short = samples["long"], samples["short"]
     assert long.state is short.state is SampleState.IN_FLIGHT
-    assert long.sampler_state is not None and len(long.sampler_state) == a_prints.sampler_state_bytes
+    assert long.sampler_state is None and long.inexact is None  # exact, with nothing of the sampler saved
     assert len(LONG_PROMPT) + long.num_tokens >= B_LEN > len(SHORT_PROMPT) + short.num_tokens
     assert (a_prints.max_model_len, a_prints.logprobs_kind) == (1024, "processed_logprobs")
-    assert (a_prints.sampler, a_prints.sampler_state_bytes) == ("torch.Generator(cpu)", 5056)
+    assert (a_prints.sampler, a_prints.sampler_state_bytes) == ("vllm-v1-cpu-randint", None)
     groups = [
         GroupRecord(
             group_id="g", prompt_token_ids=LONG_PROMPT, state=GroupState.IN_FLIGHT, dispatch_version=0, samples=[long]
@@ -115,10 +114,11 @@ def test_resume_on_an_engine_with_other_limits(tiny_llama: Path, loop_thread, tm
             prints = await engine.fingerprints()
             snapshot = load_snapshot(tmp_path, expect=prints)  # another max_model_len is allowed
             saved_long, saved_short = (g.samples[0] for g in snapshot.groups)
-            bad = {
-                "wrong size": saved_short.sampler_state[:-8],
-                "invalid content": bytes(len(saved_short.sampler_state)),
-            }
+            # a snapshot of earlier versions carries the generator's state; a malformed one is refused
+            # before it reaches the worker (where it would kill the engine core)
+            valid = samplers.V1_CPU_GENERATOR.generator_state(SPEC.seed, saved_short.num_tokens)
+            assert valid is not None
+            bad = {"wrong size": valid[:-8], "invalid content": bytes(len(valid))}
             errors = {}
             for what, state in bad.items():
                 record = dataclasses.replace(saved_short, sampler_state=state)
@@ -127,7 +127,7 @@ def test_resume_on_an_engine_with_other_limits(tiny_llama: Path, loop_thread, tm
                 errors[what] = str(caught.value)
             with pytest.raises(ValueError, match="sampler_state must be bytes or None, got str"):
                 dataclasses.replace(saved_short, sampler_state="not bytes")  # type: ignore[arg-type]
-            unseeded = dataclasses.replace(saved_short, sampling=SPEC.with_seed(None))
+            unseeded = dataclasses.replace(saved_short, sampling=SPEC.with_seed(None), sampler_state=valid)
             with pytest.raises(ValueError) as caught:
                 await engine.generate("bad-unseeded", SHORT_PROMPT, SPEC.with_seed(None), index=0, resume_from=unseeded)
             errors["unseeded"] = str(caught.value)
@@ -153,14 +153,15 @@ def test_resume_on_an_engine_with_other_limits(tiny_llama: Path, loop_thread, tm
     assert len(SHORT_PROMPT) + continued.num_tokens == B_LEN
     np.testing.assert_array_equal(continued.token_ids[: short.num_tokens], short.token_ids)
 
-    # another logprob kind or sampler is refused, both values named
-    for field, value in (
-        ("logprobs_kind", "raw_logprobs"),
-        ("sampler", "torch.Generator(cuda)"),
-        ("sampler_state_bytes", 16),
-    ):
-        with pytest.raises(SnapshotError) as refused:
-            load_snapshot(tmp_path, expect=dataclasses.replace(b_prints, **{field: value}))
-        message = str(refused.value)
-        assert f"fingerprints.{field}" in message and repr(value) in message
-        assert repr(getattr(a_prints, field)) in message
+    # another logprob kind is refused, both values named
+    with pytest.raises(SnapshotError) as refused:
+        load_snapshot(tmp_path, expect=dataclasses.replace(b_prints, logprobs_kind="raw_logprobs"))
+    message = str(refused.value)
+    assert "fingerprints.logprobs_kind" in message and "'raw_logprobs'" in message and "'processed_logprobs'" in message
+    # another sampler family draws another stream: its seeded in-flight samples continue inexactly, one warning
+    other = samplers.V2_MURMUR3.name
+    why = f"saved under sampler {a_prints.sampler}, continued under sampler {other}"
+    with pytest.warns(UserWarning, match="seeded in-flight samples continue inexactly") as warned:
+        moved = load_snapshot(tmp_path, expect=dataclasses.replace(b_prints, sampler=other))
+    assert len(warned) == 1 and why in str(warned[0].message)
+    assert [s.inexact for g in moved.groups for s in g.samples] == [why, why]

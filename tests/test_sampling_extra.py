@@ -84,8 +84,7 @@ def test_bad_words_reach_vllm_and_a_cut_declares_them_inexact(
             if (await engine.progress()).live_tokens.get("long", 0) >= 5:
                 break
             await asyncio.sleep(0.005)
-        cut = await engine.pause_and_capture()
-        await engine.resume()
+        cut = await engine.cut()
         await task
         return token, banned, cut.samples["long"]
 

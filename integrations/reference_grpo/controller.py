@@ -13,13 +13,14 @@ engine (requests in flight continue under them; vLLM labels each token with its 
 and checkpoints every ``checkpointing.save_period`` steps.
 
 **Checkpoint.** The library's :class:`~partial_rollout.checkpoint.RolloutCheckpointer` owns the
-protocol: with ``checkpointing.partial_rollouts.enabled`` its ``save`` freezes the engine and, in
-one await-free window, reads the loader cursor and cuts every outstanding group (pending, in flight
-with their prefixes, partly finished, ready) into memory, then lets the engine go on; the pending
-write is encoded, fsynced and committed in a thread, so the engine stands still for the pause and
-the in-memory copy, not for the disk (``stall_ms`` in the ``save`` event, the write time in
-``save_written``). A write that fails (disk full, a writer error) leaves the previous checkpoint as
-it was: the half-written folder is removed, ``save_failed`` is logged, and training goes on with its
+protocol: with ``checkpointing.partial_rollouts.enabled`` its ``save`` takes the engine's cut (what
+this process has received of every request: the engine is never paused) and, in the same
+await-free window, reads the loader cursor and cuts every outstanding group (pending, in flight
+with their prefixes, partly finished, ready) into memory; the pending write is encoded, fsynced and
+committed in a thread, so no request waits for the disk (``gate_ms`` in the ``save`` event: how
+long new requests waited for the window; the write time in ``save_written``). A write that fails
+(disk full, a writer error) leaves the previous checkpoint as it was: the half-written folder is
+removed, ``save_failed`` is logged, and training goes on with its
 in-memory state untouched (the cut held copies), so the next save is whole. Off, it does what
 NeMo RL does: the live cursor plus the ready groups only, so in-flight and yielded-but-undispatched
 prompts are lost on resume.

@@ -17,8 +17,8 @@ What runs where (all in verl's GPU environment, which must import ``partial_roll
 The server. Once verl's ``run_server`` has started the ``AsyncLLM``
 (``vllm_async_server.py:481-533``), :meth:`ResumableEngine.attach` takes it over and a
 ``DurableServer`` serves on it by composition (:meth:`DurableServer.attach`): verl's ``generate``
-and ``abort_all_requests`` go to it, so an abort captures each sample's prefix and sampler state,
-the client's retry continues that very sample by its stable key, and a restart continues its saved
+and ``abort_all_requests`` go to it, so an abort cuts each sample's prefix as received, the
+client's retry continues that very sample by its stable key, and a restart continues its saved
 prefix; the trainer's cut (``freeze``, ``thaw``, ``forget``, ``fingerprints``, ``capabilities``,
 ``progress``, ``shutdown``) is served by it too. verl's ``sleep``, ``wake_up``, ``clear_kv_cache``,
 ``release_kv_cache``, ``resume_kv_cache``, ``collective_rpc``, weight receivers and HTTP app
@@ -26,7 +26,7 @@ stay verl's own. verl's ``vLLMReplica.resume_generation`` ends in each server's
 ``open_submission_gate`` (``vllm_async_server.py:1449-1455``), which here also reopens the
 durable server; the ``resume_engine_generation`` before it (vLLM's ``resume_generation``) stays
 verl's: the durable server leaves vLLM unpaused after every abort, and verl calls it only after a
-weight sync, never inside the trainer's cut, whose keep-mode pause it would end.
+weight sync; the trainer's cut pauses nothing.
 
 Weights and versions. In verl 0.9.1 a weight transfer is not one call on the server, so it cannot
 be wrapped in :meth:`ResumableEngine.refit`: verl's ``ServerAdapter.update_weights``
@@ -232,12 +232,12 @@ def _build_servers() -> dict[str, type]:
             )
 
         async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> Any:
-            """End every running attempt, keeping its prefix and sampler state (verl's abort drops them).
+            """End every running attempt, keeping its prefix as received (verl's abort drops it).
 
             Requests arriving afterwards wait for :meth:`open_submission_gate`. vLLM is left running,
-            not paused as verl's abort leaves it: the durable server owns its pauses, and nothing is
-            submitted until the gate opens. ``reject_request`` is passed on (the durable server parks
-            those requests too: verl's ``colocate_async`` never sets it).
+            not paused as verl's abort leaves it: nothing is submitted until the gate opens.
+            ``reject_request`` is passed on (the durable server parks those requests too: verl's
+            ``colocate_async`` never sets it).
             """
             if self._durable is None:
                 return await super().abort_all_requests(

@@ -58,12 +58,12 @@ class RecordingClients(VerlServers):
     async def _each(self, method: str, *args: Any) -> list[Any]:
         return list(await asyncio.gather(*(getattr(w, method).remote(*args) for w in self._workers())))
 
-    async def pause_and_capture(self) -> Cut:
+    async def cut(self) -> Cut:
         self.held = {sample.key: sample for held in await self._each("recorded") for sample in held}
         return Cut(samples={request_id(*split_key(key)): sample.record for key, sample in self.held.items()})
 
-    async def resume(self) -> None:
-        """Nothing was paused."""
+    async def thaw(self) -> None:
+        """Nothing was held back."""
 
 
 class DurableRollouts:
@@ -113,22 +113,26 @@ class DurableRollouts:
     # ---------------------------------------------------------------- save
 
     def cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
-        """Freeze the servers, level the ledger with the TQ, cut into memory, thaw; write it next."""
+        """Cut the servers (they hold back new requests), level the ledger with the TQ, cut into memory, let
+        the servers go on; write it next."""
         return self._run(self._cut(folder, step=step, policy_version=policy_version))
 
     async def _cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
-        window = await self.checkpointer.freeze()
         try:
-            tq = TqView.of(self._read_tq())
-            held = self.servers.held
-            self._forget = reconcile(self.ledger, held, tq, n=self._n, policy_version=policy_version, step=step)
-            self.restored = {k: v for k, v in self.restored.items() if self._unfinished(k)}
-            # A restored sample no server has taken up yet is still the snapshot's; a server's copy is newer.
-            captured = {**self.restored, **held}
-            samples = {request_id(*split_key(key)): sample.record for key, sample in captured.items()}
-            return window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
+            window = await self.checkpointer.freeze()
+            try:
+                tq = TqView.of(self._read_tq())
+                held = self.servers.held
+                self._forget = reconcile(self.ledger, held, tq, n=self._n, policy_version=policy_version, step=step)
+                self.restored = {k: v for k, v in self.restored.items() if self._unfinished(k)}
+                # A restored sample no server has taken up yet is still the snapshot's; a server's copy is newer.
+                captured = {**self.restored, **held}
+                samples = {request_id(*split_key(key)): sample.record for key, sample in captured.items()}
+                return window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
+            finally:
+                await window.thaw()
         finally:
-            await window.thaw()
+            await self.servers.thaw()
 
     def _unfinished(self, key: str) -> bool:
         uid, session = split_key(key)
@@ -142,12 +146,12 @@ class DurableRollouts:
         self._run(self._end(step))
 
     async def _end(self, step: int) -> None:
-        await self.servers.pause_and_capture()
+        await self.servers.cut()
         try:
             tq = TqView.of(self._read_tq())
             reconcile(self.ledger, self.servers.held, tq, n=self._n, policy_version=step, step=step)
         finally:
-            await self.servers.resume()
+            await self.servers.thaw()
         # verl dispatches every sample of a prompt at once (one agent-loop task each): a sample of a
         # group still in flight when training ends was being generated, or queued for a server.
         running = {

@@ -6,10 +6,12 @@ in the client's memory, nothing else (the sampler state is lost, and a restart l
 server speaks the same protocol (``generate``, ``abort_all_requests``, ``resume_generation``, ...)
 on a :class:`~partial_rollout.engine.ResumableEngine`, and keeps each sample by its stable key:
 
-- an abort captures the sample's prefix with its logprobs, per-token policy versions and sampler
-  state before ending the request, so the client's retry continues the very same draw;
+- an abort cuts the sample's prefix with its logprobs and per-token policy versions (what the
+  server had received) and ends the request in the same turn, so the client's retry continues the
+  very same draw (exactly where the engine's sampler family continues seeded samples);
 - a finished sample is held until the trainer's cut has seen it reach verl's TransferQueue;
-- :meth:`freeze` hands the trainer everything held and running, in one pause, for a snapshot;
+- :meth:`freeze` hands the trainer everything held and running, in one cut, for a snapshot: the
+  engine is not paused, only new requests wait until :meth:`thaw`;
 - a request carrying ``resume_from`` (a sample of a snapshot) continues that record.
 
 verl sends no seed; each sample gets one derived from the run's seed and its key
@@ -67,6 +69,9 @@ class _Attempt:
     """Tokens of the sample the request already carried; the reply holds only what follows."""
     task: asyncio.Task[SampleRecord]
     continued_tokens: int
+    submitted: SampleRecord
+    """What the attempt was submitted with: its saved record, or a not-started one (what a cut holds of it
+    before its task first runs, when the engine has not registered it yet)."""
     aborted: SampleRecord | None = None
 
 
@@ -139,8 +144,14 @@ class DurableServer:
         rid = self._request_id(request_id, sample_key)
         task = asyncio.ensure_future(self.engine.generate(rid, prompt, spec, index=index, resume_from=record))
         continued = 0 if base is None else base.continued_tokens
+        submitted = record or SampleRecord(index=index, state=SampleState.NOT_STARTED, sampling=spec)
         attempt = _Attempt(
-            key=sample_key, prompt_token_ids=prompt, offset=offset, task=task, continued_tokens=continued
+            key=sample_key,
+            prompt_token_ids=prompt,
+            offset=offset,
+            task=task,
+            continued_tokens=continued,
+            submitted=submitted,
         )
         self._attempts[rid] = attempt
         try:
@@ -200,25 +211,23 @@ class DurableServer:
         )
 
     async def abort_all_requests(self, reject_request: bool = False, **_: Any) -> dict[str, Any]:
-        """End every running attempt as ``aborted``, keeping each sample's prefix and sampler state.
+        """End every running attempt as ``aborted``, keeping each sample's prefix as received.
 
         Requests arriving after this wait for :meth:`resume_generation` (verl's parking), or, with
         ``reject_request``, end at once as aborted with no tokens.
         """
         del reject_request
         self._open.clear()
-        attempts = dict(self._attempts)  # an attempt may end while the engine pauses
+        attempts = dict(self._attempts)
         ids = list(attempts)
         if ids:
-            cut = await self.engine.pause_and_capture()
-            try:
-                for rid, attempt in attempts.items():
-                    if not attempt.task.done():
-                        attempt.aborted = cut.samples.get(rid)
-                        attempt.task.cancel()
-                await asyncio.gather(*(a.task for a in attempts.values()), return_exceptions=True)
-            finally:
-                await self.engine.resume()
+            # the cut and the cancellations in one turn: no token arrives between them
+            cut = await self.engine.cut()
+            for rid, attempt in attempts.items():
+                if not attempt.task.done():
+                    attempt.aborted = cut.samples.get(rid, attempt.submitted)
+                    attempt.task.cancel()
+            await asyncio.gather(*(a.task for a in attempts.values()), return_exceptions=True)
         return {"aborted_count": len(ids), "request_ids": ids}
 
     async def resume_generation(self) -> None:
@@ -254,21 +263,21 @@ class DurableServer:
         return await self.engine.progress()
 
     async def freeze(self) -> list[HeldSample]:
-        """Pause the engine and return every sample this server holds or runs; then :meth:`thaw`."""
+        """Every sample this server holds or runs, as received (the engine goes on); new requests wait for
+        :meth:`thaw`."""
         if self._frozen:
             raise RuntimeError("freeze called twice without thaw")
         self._frozen = True
         self._unfrozen.clear()
         attempts = dict(self._attempts)
-        cut = await self.engine.pause_and_capture() if attempts else None
-        # Read after the pause: an attempt that ended while the engine paused is in one of these, or done.
+        cut = await self.engine.cut() if attempts else None  # awaits nothing: the same turn as what follows
         samples = {**self._done, **self._held}
         for rid, attempt in attempts.items():
             if attempt.key is None or (attempt.key in samples and rid not in self._attempts):
                 continue
             task = attempt.task
             ended = task.done() and not task.cancelled() and task.exception() is None
-            record = task.result() if ended else None if cut is None else cut.samples.get(rid)
+            record = task.result() if ended else None if cut is None else cut.samples.get(rid, attempt.submitted)
             if record is not None:
                 samples[attempt.key] = HeldSample(
                     key=attempt.key,
@@ -281,10 +290,7 @@ class DurableServer:
     async def thaw(self) -> None:
         if self._frozen:
             self._frozen = False
-            try:
-                await self.engine.resume()
-            finally:
-                self._unfrozen.set()
+            self._unfrozen.set()
 
     async def forget(self, keys: list[str]) -> None:
         """Drop finished samples the trainer saw reach verl's TransferQueue (they need no snapshot)."""

@@ -1,10 +1,11 @@
-"""verl's durable servers, seen by the checkpointer as one engine it can freeze.
+"""verl's durable servers, seen by the checkpointer as one engine it can cut.
 
 verl's agent loops send requests to the servers through verl's router; the trainer never
-generates through this object. What the checkpointer needs of an engine is the cut: freeze every
-server, take what each holds (prefixes between attempts, running samples, finished samples verl
-has not stored yet), let them go on. :class:`VerlServers` is that, plus the weight sync of the CPU
-harness, over the servers' Ray actor handles.
+generates through this object. What the checkpointer needs of an engine is the cut: take what each
+server holds (prefixes between attempts, running samples as received, finished samples verl has
+not stored yet) while it holds back new requests, which :meth:`VerlServers.thaw` lets through once
+the trainer's own cut is taken. No server's engine pauses. :class:`VerlServers` is that, plus the
+weight sync of the CPU harness, over the servers' Ray actor handles.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class VerlServers:
     ) -> SampleRecord:
         raise TypeError("verl's agent loops generate through verl's router; the trainer only cuts")
 
-    async def pause_and_capture(self) -> Cut:
+    async def cut(self) -> Cut:
+        """Every server's samples; each holds back new requests until :meth:`thaw`."""
         samples: dict[str, SampleRecord] = {}
         engines: dict[str, int] = {}
         self.held = {}
@@ -55,7 +57,8 @@ class VerlServers:
                 self.held[sample.key] = sample
         return Cut(samples=samples, engines=engines)
 
-    async def resume(self) -> None:
+    async def thaw(self) -> None:
+        """Let the servers take new requests again (after the trainer's cut)."""
         await self._each("thaw")
 
     async def forget(self, keys: Sequence[str]) -> None:
@@ -75,7 +78,7 @@ class VerlServers:
 
     async def capabilities(self) -> Capabilities:
         caps: list[Capabilities] = await self._each("capabilities")
-        return min(caps, key=lambda c: (c.exact, c.verified_cut))
+        return min(caps, key=lambda c: (c.exact, c.verified_updates))
 
     async def progress(self) -> Progress:
         total = Progress()

@@ -1,9 +1,10 @@
 """One object that owns the checkpoint protocol, so a trainer adds partial rollouts in a few calls.
 
 A consistent checkpoint of asynchronous rollouts is a fixed sequence: close the gate to the engine,
-freeze it, capture its in-flight requests into the ledger, read the loader's cursor and cut the
-ledger into memory (no ``await`` anywhere in between), let the engine go on, log the ``save``
-event, then encode and write, logging the outcome. A resume is another: load and check the
+take the engine's cut (what this process has received of each request: the engines never pause),
+capture it into the ledger, read the loader's cursor and cut the ledger into memory (no ``await``
+anywhere in between), open the gate, log the ``save`` event, then encode and write, logging the
+outcome. A resume is another: load and check the
 snapshot, log the ``resume``, put the loader back, apply the staleness policy, settle groups whose
 last samples finished in the engine before the trainer heard of them. :class:`RolloutCheckpointer`
 does both, and runs samples so that a saved prefix is continued rather than regenerated::
@@ -220,11 +221,12 @@ class RolloutCheckpointer:
         states: Collection[GroupState] = ALL_STATES,
         metadata: Mapping[str, Any] | None = None,
     ) -> PendingSnapshot:
-        """Take one consistent cut into memory and let the engine go on; returns the write to do.
+        """Take one consistent cut into memory; returns the write to do.
 
-        The engine is frozen only while the cut is copied; nothing is encoded or written until
+        No engine pauses: the cut holds what this process has received of each request, and the
+        gate to the engine is closed only while it is copied. Nothing is encoded or written until
         :meth:`PendingSnapshot.write`. A save of ``states`` without in-flight groups (the baseline
-        that keeps only what trainers keep today) does not freeze the engine at all.
+        that keeps only what trainers keep today) takes no engine cut at all.
         """
         window = await self.freeze(engine=GroupState.IN_FLIGHT in states)
         try:
@@ -235,10 +237,12 @@ class RolloutCheckpointer:
             await window.thaw()
 
     async def freeze(self, *, engine: bool = True) -> FrozenWindow:
-        """Close the gate to the engine and freeze it; cut the returned window without awaiting, then thaw it.
+        """Close the gate to the engine and take its cut; cut the returned window without awaiting, then thaw it.
 
         For trainers that must read their own state in the cut's turn; :meth:`save` is this plus
-        the cut and the thaw. ``engine=False`` opens a window over the ledger alone.
+        the cut and the thaw. The engine keeps generating throughout; the gate only holds back new
+        requests, so that every request it has is one the cut holds. ``engine=False`` opens a
+        window over the ledger alone.
         """
         fingerprints = await self.fingerprints()
         requested = time.perf_counter()
@@ -248,7 +252,7 @@ class RolloutCheckpointer:
                 raise RuntimeError("this checkpointer has no engine: it can save no in-flight work")
             self._open.clear()
             try:
-                engine_cut = await self.engine.pause_and_capture()
+                engine_cut = await self.engine.cut()
             except BaseException:
                 self._open.set()
                 raise
@@ -259,16 +263,9 @@ class RolloutCheckpointer:
             running=lambda: self.running,
             engine_cut=engine_cut,
             requested=requested,
-            resume=self._resume,
+            open_gate=self._open.set,
             on_cut=self._cut_taken,
         )
-
-    async def _resume(self) -> None:
-        assert self.engine is not None, "only a frozen engine is resumed"
-        try:
-            await self.engine.resume()
-        finally:
-            self._open.set()
 
     def _cut_taken(self, cut: LedgerCut) -> None:
         self._loader_state = copy.deepcopy(cut.loader_state)

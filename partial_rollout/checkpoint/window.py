@@ -1,12 +1,15 @@
 """The save half of a checkpoint: the frozen window in which one cut is taken, and its pending write.
 
-A cut is consistent only if nothing changes between the engine's freeze and the ledger's copy:
-no coroutine may run, so no token arrives, no sample finishes and the loader yields nothing.
-:class:`FrozenWindow` is that stretch of code. :meth:`FrozenWindow.cut` does no I/O and awaits
-nothing; :meth:`FrozenWindow.thaw` lets the engine go on and logs the ``save`` event with the
-stall the engine saw. Only then is anything encoded or written: :meth:`PendingSnapshot.write`
-runs in any thread, fsyncs, lets the trainer commit its checkpoint folder, and logs ``save_written``
-or ``save_failed`` itself, so the previous checkpoint stays the latest whenever a write fails.
+A cut is consistent only if nothing changes between the engine's cut and the ledger's copy: no
+coroutine may run, so no token is received, no sample finishes and the loader yields nothing. The
+engines themselves never stop: the engine's cut is what this process has received of each request
+(:mod:`partial_rollout.engine.cut`), and what they sample meanwhile is simply not in it.
+:class:`FrozenWindow` is that stretch of code: the gate to the engine closed (no request is
+submitted until it thaws), the engine's cut taken, then :meth:`FrozenWindow.cut`, which does no
+I/O and awaits nothing; :meth:`FrozenWindow.thaw` opens the gate and logs the ``save`` event with
+its timings. Only then is anything encoded or written: :meth:`PendingSnapshot.write` runs in any
+thread, fsyncs, lets the trainer commit its checkpoint folder, and logs ``save_written`` or
+``save_failed`` itself, so the previous checkpoint stays the latest whenever a write fails.
 
 Most trainers never see a window: :meth:`RolloutCheckpointer.save` opens, cuts and thaws one.
 A trainer that must read its own state in the same await-free turn as the cut (NeMo RL reads its
@@ -19,7 +22,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -111,7 +114,8 @@ class PendingSnapshot:
 
 
 class FrozenWindow:
-    """The engine frozen for one cut (or, for a save that keeps no in-flight work, not frozen at all)."""
+    """The gate to the engine closed for one cut, with the engine's cut taken (or, for a save that keeps
+    no in-flight work, without one)."""
 
     def __init__(
         self,
@@ -122,22 +126,22 @@ class FrozenWindow:
         running: Callable[[], frozenset[str]],
         engine_cut: Cut | None,
         requested: float,
-        resume: Callable[[], Awaitable[None]],
+        open_gate: Callable[[], None],
         on_cut: Callable[[LedgerCut], None],
     ) -> None:
         """
         Args:
             ledger, loader, fingerprints: what the cut copies, reads and binds the snapshot to.
             running: the request ids submitted and not returned, which the engine's cut must hold.
-            engine_cut: what the engine held at the freeze (``None``: the engine was not frozen).
-            requested: when the freeze was asked for (``time.perf_counter``), for the stall.
-            resume: lets the engine and the gated requests go on.
+            engine_cut: the engine's cut (``None``: none was taken).
+            requested: when the freeze was asked for (``time.perf_counter``), for the timings.
+            open_gate: lets the requests waiting on the gate go to the engine.
             on_cut: told of the cut once it is taken.
         """
         self.engine_cut = engine_cut
-        """What the engine held at the freeze (``None``: the engine was not frozen)."""
+        """The engine's cut (``None``: none was taken)."""
         self._ledger, self._loader, self._fingerprints, self._running = ledger, loader, fingerprints, running
-        self._resume, self._on_cut = resume, on_cut
+        self._open_gate, self._on_cut = open_gate, on_cut
         self._requested = requested
         self._pending: PendingSnapshot | None = None
         self._cut_ms = 0.0
@@ -202,32 +206,27 @@ class FrozenWindow:
         return self._pending
 
     async def thaw(self) -> None:
-        """Let the engine and gated requests go on, then log the ``save`` event with the engine's stall.
+        """Open the gate to the engine, then log the ``save`` event with the window's timings.
 
-        The stall is what the engine stood idle for because of the save: from the freeze request
-        until it runs again, less the decode step it was finishing when asked (``stop_ms``).
+        ``gate_ms`` is how long requests could not be submitted (from the freeze request until the
+        gate opened); ``engine_cut_ms`` and ``cut_ms`` what the engine's cut and the ledger's copy
+        took. No engine stopped for any of it.
         """
         if self._thawed:
             return
         self._thawed = True
         frozen = self.engine_cut
-        thawing = time.perf_counter()
         try:
-            if frozen is not None:
-                await self._resume()
+            self._open_gate()
         finally:
             pending = self._pending
             if pending is not None:
                 try:
-                    timings: dict[str, Any] = {"stall_ms": 0.0}
+                    timings: dict[str, Any] = {"cut_ms": self._cut_ms}
                     if frozen is not None:
-                        resumed = time.perf_counter()
-                        timings = {
-                            "stall_ms": _ms(resumed - self._requested - frozen.stop_s),
-                            "pause_ms": _ms(frozen.pause_s),
-                            "stop_ms": _ms(frozen.stop_s),
-                            "cut_ms": self._cut_ms,
-                            "resume_ms": _ms(resumed - thawing),
+                        timings |= {
+                            "gate_ms": _ms(time.perf_counter() - self._requested),
+                            "engine_cut_ms": _ms(frozen.cut_s),
                             "engine_tokens": frozen.engine_tokens,
                         }
                     self._ledger.record_save(pending.cut, **timings)

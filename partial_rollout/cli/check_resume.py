@@ -6,13 +6,14 @@ Runs one workload in three processes, each with its own engine:
    uninterrupted, submitted one by one in reverse order (other batches, prefills sharing steps
    with decodes): the **noise floor**, how often and how far two uninterrupted runs differ on this
    model and engine, since vLLM's kernels are not batch-invariant;
-2. *cut*: the same requests, a checkpoint cut at a random moment (keep-mode pause, sampler state
-   captured), the snapshot written, then the process and its engine are killed with SIGKILL;
+2. *cut*: the same requests, a checkpoint cut at a random moment (what was received so far; the
+   engine is not paused), the snapshot written, then the process and its engine are killed with SIGKILL;
 3. *resume*: a fresh engine loads the snapshot and continues every sample from its prefix.
 
 It then compares each sample that was in flight with a prefix at the cut (the only ones that are
 *continued*) with the reference, token by token and logprob by logprob, next to the noise floor,
-and prints the first divergence of any that did not match, and the pause time. Exit status 0
+and prints the first divergence of any that did not match, how long the cut took, and the engine decode
+steps lost to the cut and the snapshot's write (measured against the engine's step rate just before). Exit status 0
 when no continued sample diverged, or when they diverged no more often than the two uninterrupted
 runs did; 1 when continuing diverged more often (beyond the noise floor), or when no sample was in
 flight at the cut (nothing was checked).
@@ -42,6 +43,15 @@ import numpy as np
 from partial_rollout.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 
 _RESULT = "result.json"
+_STALL = "stall.json"
+STEADY_S = 0.25
+"""Seconds over which the cut role measures the engine's step rate before the cut, and lets it run after the
+snapshot's write before counting the steps it lost (a blocked event loop delays the engine's outputs, not its steps)."""
+
+
+def _steps(earlier: Any, later: Any) -> int:
+    """Engine steps between two ``Progress`` readings (the cut role counts steps)."""
+    return int(later.steps) - int(earlier.steps)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -104,7 +114,7 @@ async def _role(args: argparse.Namespace) -> None:
         model=args.model, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory_bytes
     )
     # This command is the check an untested vLLM must pass, so it uses the internals wherever they exist.
-    engine = await ResumableEngine.start(config, trust_untested=True)
+    engine = await ResumableEngine.start(config, trust_untested=True, count_steps=args.role == "cut")
     fingerprints = await engine.fingerprints()
     vocab = fingerprints.vocab_size
     work = _workload(args, vocab)
@@ -130,7 +140,10 @@ async def _role(args: argparse.Namespace) -> None:
         # polling: the engine's counters have no event to wait on
         while (await engine.progress()).tokens_received < target and not all(t.done() for t in tasks.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.001)
-        cut = await engine.pause_and_capture()
+        before, t_before = await engine.progress(), time.perf_counter()
+        await asyncio.sleep(STEADY_S)  # the engine's steady step rate, just before the cut
+        at, t_at = await engine.progress(), time.perf_counter()
+        cut = await engine.cut()
         # everything of the workload: in flight or queued at the cut, or finished before it
         samples = {rid: t.result() for rid, t in tasks.items() if t.done()} | cut.samples
         groups = [
@@ -148,9 +161,14 @@ async def _role(args: argparse.Namespace) -> None:
             policy_version=engine.policy_version,
             fingerprints=fingerprints,
             groups=groups,
-            metadata={"pause_s": cut.pause_s, "engine_tokens": cut.engine_tokens},
+            metadata={"engine_tokens": cut.engine_tokens},
         )
         save_snapshot(snapshot, out)
+        await asyncio.sleep(STEADY_S)  # outputs the save held back are counted, not lost
+        after, t_after = await engine.progress(), time.perf_counter()
+        rate = _steps(before, at) / (t_at - t_before)
+        lost = rate * (t_after - t_at) - _steps(at, after)
+        (out / _STALL).write_text(json.dumps({"cut_s": cut.cut_s, "steps_lost": lost, "step_rate": rate}))
         print("SAVED", flush=True)
         await asyncio.sleep(3600)  # the parent kills this process (and its engine) now
     else:
@@ -164,7 +182,7 @@ async def _role(args: argparse.Namespace) -> None:
         )
         results = {rid: rec for rid, rec in zip(saved, records, strict=True)}
         results["__cut__"] = {rid: [rec.state.value, rec.num_tokens, rec.inexact] for rid, (_, rec) in saved.items()}
-        results["__pause_s__"] = snapshot.metadata["pause_s"]
+        results["__stall__"] = json.loads((out / _STALL).read_text())
     (out / f"{args.role}-{_RESULT}").write_text(
         json.dumps({k: v if k.startswith("__") else _as_json(v) for k, v in results.items()})
     )
@@ -238,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     floor_runs = ref.pop("__floor__")
     res = json.loads((workdir / f"resume-{_RESULT}").read_text())
     cut = res.pop("__cut__")
-    pause_s = res.pop("__pause_s__")
+    stall = res.pop("__stall__")
 
     floor = [_compare(floor_runs[rid], want) for rid, want in ref.items()]
     floor_diverged = sum(pos is not None for pos, _ in floor)
@@ -268,7 +286,9 @@ def run(args: argparse.Namespace) -> int:
     prefix = sum(cut[rid][1] for rid in continued)
     print(
         f"cut: {len(continued)} of {len(cut)} samples in flight with a prefix ({prefix} prefix tokens), {finished} "
-        f"finished before it, {len(others) - finished} not started; engine paused {pause_s * 1000:.1f} ms; "
+        f"finished before it, {len(others) - finished} not started; cut in {stall['cut_s'] * 1000:.2f} ms, engine not "
+        f"paused: {stall['steps_lost']:.2f} decode steps lost to the cut and the snapshot's write "
+        f"(steady {stall['step_rate']:.0f} steps/s); "
         f"total {time.perf_counter() - started:.0f} s"
     )
     print(

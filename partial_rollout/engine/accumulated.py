@@ -4,8 +4,8 @@ An engine builds a request's finished record and its cut record from this; a poo
 record of a request whose engine died, from the tokens that engine had streamed to it. All of them
 stitch the same way (the prefix first, then the first ``n`` tokens received, copied out of buffers
 that go on growing) into a :class:`~partial_rollout.snapshot.SampleRecord`; what differs between
-them is the record's state, its sampler state and why it cannot continue exactly, which each
-holder decides and :meth:`Accumulated.inexact` helps it say.
+them is the record's state and why it cannot continue exactly, which each holder decides and
+:meth:`Accumulated.inexact` helps it say.
 """
 
 from __future__ import annotations
@@ -46,20 +46,18 @@ class Accumulated:
         """Tokens received (the saved prefix not counted)."""
         return len(self.token_ids)
 
-    def inexact(self, n: int | None = None, *, sampler_state: bytes | None, why_no_state: str | None) -> str | None:
+    def inexact(self, n: int | None = None, *, seeded: str | None) -> str | None:
         """Why continuing from the prefix and the first ``n`` tokens received (default: all) cannot be exact.
 
         The prefix's own reason first, then :func:`~partial_rollout.engine.exactness.inexact_reason`
-        of the whole, continued with ``sampler_state`` (``why_no_state``: why there is none).
+        of the whole; ``seeded`` is why the engine that continues it cannot continue a seeded sample
+        exactly (``None``: it can).
         """
         if self.base is not None and self.base.inexact:
             return self.base.inexact
         prefix = 0 if self.base is None else self.base.num_tokens
         return exactness.inexact_reason(
-            self.sampling,
-            num_tokens=prefix + (self.num_tokens if n is None else n),
-            sampler_state=sampler_state,
-            capture_unsupported=why_no_state,
+            self.sampling, num_tokens=prefix + (self.num_tokens if n is None else n), seeded=seeded
         )
 
     def record(
@@ -70,7 +68,6 @@ class Accumulated:
         inexact: str | None,
         finish_reason: str | None = None,
         stop_reason: int | str | None = None,
-        sampler_state: bytes | None = None,
     ) -> SampleRecord:
         """The saved prefix (if any) stitched with the first ``n`` tokens received (default: all), as ``state``.
 
@@ -94,5 +91,4 @@ class Accumulated:
             inexact=inexact,
             finish_reason=finish_reason,
             stop_reason=stop_reason,
-            sampler_state=sampler_state,
         )

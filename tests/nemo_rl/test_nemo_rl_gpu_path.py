@@ -130,8 +130,7 @@ def test_worker_subclasses_nemo_rls_and_keeps_every_overridden_signature(facts: 
         "call",
         "stream",
         "generate_sample",
-        "pause_and_capture",
-        "resume",
+        "cut",
         "fingerprints",
         "policy_version",
     } <= set(facts["new_methods"])
