@@ -37,8 +37,8 @@ class PartialRolloutsConfig:
     """Where ``events.jsonl`` goes; default ``<checkpoint_dir>/partial_rollouts/events.jsonl`` (it
     spans restarts, which NeMo RL's per-run log folders do not)."""
     allow_vllm_change: bool = False
-    """Resume a snapshot written under another vLLM version (in-flight samples continue without
-    their sampler states, declared inexact). Off, such a resume fails naming both versions."""
+    """Resume a snapshot written under another vLLM version (its in-flight samples continue declared
+    inexact). Off, such a resume fails naming both versions."""
 
     def __post_init__(self) -> None:
         check_fields(self, block=BLOCK, flags=("enabled", "record_events", "allow_vllm_change"))

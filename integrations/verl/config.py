@@ -36,8 +36,8 @@ class PartialRolloutCheckpointConfig:
     """Where ``events.jsonl`` goes; default ``<trainer.default_local_dir>/partial_rollouts/events.jsonl``
     (beside verl's ``global_step_N/`` folders, so it spans restarts)."""
     allow_vllm_change: bool = False
-    """Resume a snapshot written under another vLLM version (in-flight samples continue without
-    their sampler states, declared inexact). Off, such a resume fails naming both versions."""
+    """Resume a snapshot written under another vLLM version (its in-flight samples continue declared
+    inexact). Off, such a resume fails naming both versions."""
     on_stale: OnStale = "continue"
     """A restored group dispatched under a policy verl's sampler would now drop as too stale:
     ``continue`` it anyway (the sampler may still drop it once it is ready), ``regenerate`` it from

@@ -112,12 +112,22 @@ class DurableRollouts:
 
     # ---------------------------------------------------------------- save
 
-    def cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
-        """Cut the servers (they hold back new requests), level the ledger with the TQ, cut into memory, let
-        the servers go on; write it next."""
-        return self._run(self._cut(folder, step=step, policy_version=policy_version))
+    def cut(self, folder: str, *, step: int, policy_version: int, hold: bool = False) -> PendingSnapshot:
+        """Cut the servers (they hold back new requests and replies), level the ledger with the TQ, cut into
+        memory, let the servers go on; write it next.
 
-    async def _cut(self, folder: str, *, step: int, policy_version: int) -> PendingSnapshot:
+        ``hold`` keeps the servers holding back until :meth:`release`: where they generate while verl
+        saves (``separate_async``), so that verl's TransferQueue save stores no sample the snapshot holds
+        unfinished. Their engines decode throughout.
+        """
+        return self._run(self._cut(folder, step=step, policy_version=policy_version, hold=hold))
+
+    def release(self) -> None:
+        """Let the servers take requests and answer again after a :meth:`cut` with ``hold``."""
+        self._run(self.servers.thaw())
+
+    async def _cut(self, folder: str, *, step: int, policy_version: int, hold: bool) -> PendingSnapshot:
+        held_on = False
         try:
             window = await self.checkpointer.freeze()
             try:
@@ -128,11 +138,14 @@ class DurableRollouts:
                 # A restored sample no server has taken up yet is still the snapshot's; a server's copy is newer.
                 captured = {**self.restored, **held}
                 samples = {request_id(*split_key(key)): sample.record for key, sample in captured.items()}
-                return window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
+                pending = window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
+                held_on = hold
+                return pending
             finally:
                 await window.thaw()
         finally:
-            await self.servers.thaw()
+            if not held_on:
+                await self.servers.thaw()
 
     def _unfinished(self, key: str) -> bool:
         uid, session = split_key(key)

@@ -2,7 +2,7 @@
 
 verl's V1 async trainers abort every request at each weight sync, and its client
 (``FullyAsyncLLMServerClient``) re-sends prompt + tokens so far as a new request: the tokens survive
-in the client's memory, nothing else (the sampler state is lost, and a restart loses it all). This
+in the client's memory, nothing else (the seed is lost, and a restart loses it all). This
 server speaks the same protocol (``generate``, ``abort_all_requests``, ``resume_generation``, ...)
 on a :class:`~partial_rollout.engine.ResumableEngine`, and keeps each sample by its stable key:
 
@@ -11,7 +11,8 @@ on a :class:`~partial_rollout.engine.ResumableEngine`, and keeps each sample by 
   very same draw (exactly where the engine's sampler family continues seeded samples);
 - a finished sample is held until the trainer's cut has seen it reach verl's TransferQueue;
 - :meth:`freeze` hands the trainer everything held and running, in one cut, for a snapshot: the
-  engine is not paused, only new requests wait until :meth:`thaw`;
+  engine is not paused; new requests, and the replies of samples that finish meanwhile, wait until
+  :meth:`thaw`, so verl stores nothing the snapshot holds unfinished;
 - a request carrying ``resume_from`` (a sample of a snapshot) continues that record.
 
 verl sends no seed; each sample gets one derived from the run's seed and its key
@@ -93,7 +94,8 @@ class DurableServer:
         self._tries: dict[str, int] = {}
         self._frozen = False
         self._unfrozen = asyncio.Event()
-        """Cleared while the trainer's cut holds the server frozen: no attempt starts then."""
+        """Cleared while the trainer's cut holds the server frozen: no attempt starts, and no reply leaves (the
+        engine decodes on; a sample that finishes meanwhile is answered at the thaw)."""
         self._unfrozen.set()
         self.global_steps = 0
 
@@ -172,6 +174,9 @@ class DurableServer:
                 self._done[sample_key] = HeldSample(
                     key=sample_key, prompt_token_ids=prompt, record=result, continued_tokens=continued
                 )
+        # Frozen: the trainer's cut holds this sample as it is here, and verl must not store it before the
+        # trainer's checkpoint commits (in ``separate_async`` the freeze lasts until verl's save is done).
+        await self._unfrozen.wait()
         return self._reply(result, offset, stop, logprobs=bool(sampling_params.get("logprobs", True)))
 
     def _base(self, key: str | None, resume_from: HeldSample | None, prompt_ids: list[int]) -> HeldSample | None:
@@ -263,8 +268,8 @@ class DurableServer:
         return await self.engine.progress()
 
     async def freeze(self) -> list[HeldSample]:
-        """Every sample this server holds or runs, as received (the engine goes on); new requests wait for
-        :meth:`thaw`."""
+        """Every sample this server holds or runs, as received (the engine goes on); new requests and the
+        replies of samples that finish meanwhile wait for :meth:`thaw`."""
         if self._frozen:
             raise RuntimeError("freeze called twice without thaw")
         self._frozen = True

@@ -2,8 +2,8 @@
 
 verl saves its TransferQueue at a checkpoint and, at a resume, clears every trajectory of each
 unfinished prompt group and generates the whole group again (``_reissue_inflight_prompts``). With
-the mixin, a checkpoint also holds every sample in flight (prefix, logprobs, per-token versions,
-sampler state) and those finished that verl has not stored yet, in ``global_step_N/`` and on disk
+the mixin, a checkpoint also holds every sample in flight (prefix, logprobs, per-token versions)
+and those finished that verl has not stored yet, in ``global_step_N/`` and on disk
 before verl writes ``latest_checkpointed_iteration.txt``; a resume keeps a group's finished
 siblings, continues its unfinished samples from their prefixes, and runs only the samples that had
 not started. Everything else is verl's own trainer.
@@ -78,12 +78,20 @@ class PartialRolloutCheckpoint:
 
     # ---------------------------------------------------------------- save
 
+    hold_servers_through_save = False
+    """Whether the servers generate while verl saves, so they hold back replies until verl's save is done."""
+
     def _save_checkpoint(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        pending = self.durable.cut(folder, step=self.global_steps, policy_version=self.global_steps)
-        os.makedirs(folder, exist_ok=True)
-        # verl's save writes latest_checkpointed_iteration.txt last: the snapshot is on disk before it.
-        pending.write(commit=super()._save_checkpoint)  # type: ignore[misc]
+        hold = self.hold_servers_through_save
+        pending = self.durable.cut(folder, step=self.global_steps, policy_version=self.global_steps, hold=hold)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            # verl's save writes latest_checkpointed_iteration.txt last: the snapshot is on disk before it.
+            pending.write(commit=super()._save_checkpoint)  # type: ignore[misc]
+        finally:
+            if hold:
+                self.durable.release()
         self.durable.written()
 
     # ---------------------------------------------------------------- resume
@@ -178,26 +186,15 @@ class ColocateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerColocateAsync):  
 class SeparateAsyncTrainer(PartialRolloutCheckpoint, PPOTrainerSeparateAsync):  # type: ignore[misc]
     """verl's ``separate_async`` trainer with partial rollouts."""
 
-    standalone_checkpoint_manager: Any
+    hold_servers_through_save = True
+    """Here the servers generate while the trainer saves: a sample finishing between the cut and verl's
+    TransferQueue save would be in flight in the snapshot and finished in verl's. The servers hold back
+    new requests and every reply from the cut until verl's save is done (their engines decode on), so
+    the two hold the same work, as in ``colocate_async``, whose servers are aborted and asleep at
+    every save by verl itself."""
 
     def _client_manager(self) -> Any:
         return self.standalone_server_manager
-
-    def _save_checkpoint(self) -> None:
-        """verl's save, with the standalone servers aborted around it as each of verl's weight syncs does.
-
-        Here the servers generate while the trainer saves: a sample finishing between the cut and
-        verl's TransferQueue save would be in flight in the snapshot and finished in verl's. Aborted
-        first (each sample's prefix and sampler state kept, the client's retry parked), nothing
-        runs from the cut to the commit, and the two hold the same work, as in ``colocate_async``,
-        whose servers are aborted and asleep at every save.
-        """
-        manager = self.standalone_checkpoint_manager
-        manager.abort_replicas()
-        try:
-            super()._save_checkpoint()
-        finally:
-            manager.resume_generation_replicas()
 
 
 TRAINERS: dict[str, type] = {"colocate_async": ColocateAsyncTrainer, "separate_async": SeparateAsyncTrainer}

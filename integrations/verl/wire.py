@@ -36,8 +36,9 @@ def trajectory_key(key: str) -> str:
 def derived_seed(base: int, key: str) -> int:
     """A per-sample sampler seed from the run's seed and the sample's identity.
 
-    verl sends no seed; a seeded request is one whose sampler state a cut captures, so a sample
-    continued after an abort or a restart draws what it would have drawn uninterrupted.
+    verl sends no seed; a seeded request is one the engine continues from its seed and its tokens, so
+    a sample continued after an abort or a restart draws what it would have drawn uninterrupted
+    (where the engine's sampler family continues seeded samples).
     """
     digest = hashlib.sha256(f"{base}:{key}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
@@ -62,7 +63,7 @@ class HeldSample:
     key: str
     prompt_token_ids: list[int]
     record: SampleRecord
-    """In flight (prefix, sampler state) or finished."""
+    """In flight (its prefix) or finished."""
     continued_tokens: int = 0
     """Tokens of ``record`` a restart's snapshot held (continued, not generated, since the restart)."""
 

@@ -29,8 +29,8 @@ INEXACT: Mapping[str, str] = {
     " begun in the prefix (now prompt) is not blocked",
     "repetition_detection": "vLLM looks for repetitions within output tokens only: after a resume the prefix"
     " (now prompt) is not searched",
-    "watermarking": "the watermark draws from a function of the context, not from the request's generator"
-    " whose state the cut saves",
+    "watermarking": "the watermark draws from a function of the context, not from the seeded noise a resume"
+    " continues",
 }
 """Options that pass through, but whose continuation after a cut can differ from the uninterrupted
 run; a sample cut after its first token records the reason in ``inexact``."""
@@ -38,14 +38,14 @@ run; a sample cut after its first token records the reason in ``inexact``."""
 REFUSED: Mapping[str, str] = {
     "n": "each sample is its own request (a group's samples are separate SampleRecords)",
     "output_kind": "the adapter streams deltas itself (it must see every token as it is sampled)",
-    "extra_args": "the adapter passes the saved sampler state in extra_args, and vLLM's per-request logits"
-    " processors read their state from it, which a cut cannot save",
+    "extra_args": "the adapter passes a resumed request's generator state in extra_args (Model Runner V1), and"
+    " vLLM's per-request logits processors read their state from it, which a cut cannot save",
     "truncate_prompt_tokens": "it would cut the resubmitted prompt + prefix of a resumed sample",
     "structured_outputs": "the grammar's state cannot be carried across a cut: a resumed request would restart"
     " the grammar at the prefix's end",
     "thinking_token_budget": "vLLM counts thinking tokens in the output only: after a resume the budget restarts",
-    "stream_interval": "vLLM's front end would hold sampled tokens back until several accumulate, and a cut waits"
-    " for every sampled token to arrive",
+    "stream_interval": "vLLM's front end would hold sampled tokens back until several accumulate, and a weight"
+    " update labels versions by the tokens received before it",
     "flat_logprobs": "the adapter reads logprobs in vLLM's default per-token form",
     "prompt_logprobs": "records hold no prompt logprobs (and after a resume the prompt includes the prefix)",
     "prompt_logprob_token_ids": "records hold no prompt logprobs",
