@@ -29,8 +29,7 @@ INEXACT: Mapping[str, str] = {
     " begun in the prefix (now prompt) is not blocked",
     "repetition_detection": "vLLM looks for repetitions within output tokens only: after a resume the prefix"
     " (now prompt) is not searched",
-    "watermarking": "the watermark draws from a function of the context, not from the seeded noise a resume"
-    " continues",
+    "watermarking": "the watermark draws from a function of the context, not from the seeded noise a resume continues",
 }
 """Options that pass through, but whose continuation after a cut can differ from the uninterrupted
 run; a sample cut after its first token records the reason in ``inexact``."""
