@@ -10,9 +10,10 @@
     ...
     restored = await ckpt.restore(folder)   # in the restarted process
 
-:class:`RolloutCheckpointer` owns the ordering (freeze, capture, cut, resume, log, write, log the
-outcome); :mod:`.window` is the frozen window and the pending write; :mod:`.staleness` the one
-definition of what a resume does with work dispatched too long ago.
+:class:`RolloutCheckpointer` owns the ordering (close the gate, take the engine's cut, capture it,
+cut the ledger, open the gate, log, write, log the outcome; no engine pauses); :mod:`.window` is
+the frozen window and the pending write; :mod:`.staleness` the one definition of what a resume does
+with work dispatched too long ago.
 """
 
 from partial_rollout.checkpoint.checkpointer import Restored, RolloutCheckpointer, SampleOutcome

@@ -142,7 +142,7 @@ class RolloutEngine(Protocol):
         ...
 
     async def capabilities(self) -> Capabilities:
-        """What this engine can capture (the same for every engine of a pool, or the weakest)."""
+        """What this engine promises about continuations and weight updates (a pool: its weakest engine's)."""
         ...
 
     async def progress(self) -> Progress:

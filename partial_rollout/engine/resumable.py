@@ -54,7 +54,8 @@ async def _warm_up(llm: Any) -> None:
 
 
 def with_worker_hooks(config: EngineConfig) -> EngineConfig:
-    """``config`` with the worker extension the capture needs (vLLM takes one extension class)."""
+    """``config`` with the worker extension the engine needs: its start-up probe, and the V1 restore hook
+    (vLLM takes one extension class)."""
     if config.worker_extension_cls not in (None, vllm_internals.EXTENSION):
         raise ConfigError(
             f"is {config.worker_extension_cls!r}; the resumable engine needs its own ({vllm_internals.EXTENSION})",
@@ -107,7 +108,7 @@ class ResumableEngine:
         trust_untested: bool = False,
         count_steps: bool = False,
     ) -> ResumableEngine:
-        """Start the engine, probe the vLLM internals it needs, and decide what it may capture.
+        """Start the engine, probe the vLLM internals it needs, and decide what it may promise.
 
         Args:
             config: how to start vLLM.
@@ -149,7 +150,7 @@ class ResumableEngine:
     ) -> ResumableEngine:
         """Take over a running ``AsyncLLM`` started from ``with_worker_hooks(config)`` (a trainer's own engine).
 
-        Probes the internals first and decides what may be captured (see :meth:`start`); nothing
+        Probes the internals first and decides what it may promise (see :meth:`start`); nothing
         else is touched before that decision.
         """
         if config.worker_extension_cls != vllm_internals.EXTENSION:

@@ -360,7 +360,7 @@ class WorkLedger:
     ) -> LedgerCut:
         """Copy the outstanding groups in ``states`` into memory, to be written into ``folder`` later.
 
-        Call it in the engine's frozen window right after :meth:`capture`, with the loader's
+        Call it in the checkpoint's frozen window right after :meth:`capture`, with the loader's
         cursor read in the same window, then :meth:`record_save` once the engine runs again. It
         does no I/O and builds no record (that is :meth:`LedgerCut.write`'s job), so it costs a
         copy of the group entries. Until :meth:`record_save`, events are held back, so
