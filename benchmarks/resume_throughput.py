@@ -1,9 +1,12 @@
 """Resume throughput: continue from saved prefixes vs regenerate vs drop, with the cost of the save.
 
 One workload, one engine configuration, the same seeds, compared within one run. Each repetition
-cuts a run with samples in flight, saves the snapshot, finishes the remainder in place
-(**uninterrupted**), kills the engine, and recovers the same work on fresh engines by **continue**
-(from the saved prefixes) and **regenerate** (from scratch); **drop** loses it. Every repetition
+cuts a run with samples in flight (the engine is not paused), saves the snapshot, finishes the
+remainder in place (**uninterrupted**), reruns the same workload to the same point without a save
+(the **twin**, what the save's cost is measured against), kills the engine, and recovers the same
+work on fresh engines by **continue** (from the saved prefixes) and **regenerate** (from scratch);
+**drop** loses it. The save's cost is counted in engine decode steps lost, timed on the engine's
+side (:mod:`benchmarks.resume.steps`), and in tokens per second around the save against the twin's. Every repetition
 checks its figures against the snapshot it wrote (``consistency.passed`` in the JSON is the verdict),
 and compares the tokens of continue and of regenerate with the uninterrupted run on the samples in
 flight at the cut: regenerate against uninterrupted is the engine's own noise floor (the same
@@ -131,11 +134,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"{n:>4} x {length:>5} rep {rep}: uninterrupted {r['modes']['uninterrupted']['recovery_s']:.2f}s"
                     f" continue {r['modes']['continue']['recovery_s']:.2f}s"
                     f" regenerate {r['modes']['regenerate']['recovery_s']:.2f}s"
-                    f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']}",
+                    f" floor {r['floor']['floor_s']:.2f}s consistent={r['consistent']};"
+                    f" save: steps lost {_g(r['save']['steps_lost'])}, after {_g(r['save']['steps_lost_after'])}"
+                    f" (no save {_g(r['save']['twin_steps_lost_after'])}),"
+                    f" tok/s around vs without {_g(r['save']['tok_s_around_vs_twin'])}",
                     file=sys.stderr,
                 )
                 write(assemble(args, config, collect(points_spec, results), started), args.out, plots=False)
     return assemble(args, config, collect(points_spec, results), started)
+
+
+def _g(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -229,6 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         f" continue redid {result['continue_redone_decode_tokens_max']} decode tokens;"
         f" exact: {result['exact']['all_reps']}"
     )
+    for p in result["points"]:
+        t = p["summary"]["targets"]
+        print(
+            f"{'met' if t['steps_lost_met'] else 'NOT MET'}: {p['num_in_flight']}x{p['mean_prefix']}: median engine"
+            f" decode steps lost per save {_g(t['steps_lost_median'])} (target <= {t['steps_lost_target']}); in the"
+            f" window after it {_g(t['steps_lost_after_median'])},"
+            f" without a save {_g(t['twin_steps_lost_after_median'])};"
+            f" tokens/s around the save vs without {_g(t['tok_s_around_vs_twin_median'])}"
+        )
     for p in result["points"]:
         i = p["summary"]["identity"]
         print(

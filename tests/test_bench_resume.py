@@ -2,8 +2,9 @@
 
 Runs ``python -m benchmarks.resume_throughput`` as a user would, in a subprocess (vLLM spawns
 processes and binds to one event loop), and checks the JSON it writes: every mode is there,
-continue redid no decode token, and the benchmark's figures agree with the snapshot it wrote.
-No timing is asserted.
+continue redid no decode token, the benchmark's figures agree with the snapshot it wrote, and the
+save's cost is there in engine steps, with its windows and its no-save twin. No timing is asserted;
+the step timeline that cost is measured on is checked on synthetic step logs.
 
 The benchmarks are not part of the installed package: they run from the repository root, which
 ``python -m`` puts first on the import path, so the copy in the checkout is the one that runs.
@@ -12,12 +13,15 @@ The benchmarks are not part of the installed package: they run from the reposito
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks.resume.steps import StepLog, Timeline, cost, windows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,9 +135,103 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
         )
     }
     assert sum(parts.values()) == save["snapshot_bytes"], parts
-    assert parts["sampler_state"] == save["sampler_state_bytes"] > 0
+    assert parts["sampler_state"] == save["sampler_state_bytes"]  # 0 where the engine derives it from the seed
     assert 8.0 <= save["token_data_bytes_per_token"] < 9.0  # int32 token + float32 logprob, plus version runs
-    assert 0 <= save["stop_ms"] <= save["pause_ms"] <= save["freeze_ms"]
-    assert save["stall_ms"] == pytest.approx(save["freeze_ms"] - save["stop_ms"])
-    for stat in point["summary"]["modes"]["continue"]["recovery_s"], point["summary"]["save"]["pause_ms"]:
+
+    # What the save cost the engine, which is never paused: no stall figure is left, and the windows nest.
+    assert not {"pause_ms", "stop_ms", "freeze_ms", "stall_ms", "stall_in_decode_steps"} & set(save)
+    assert 0 <= save["cut_ms"] <= save["gate_ms"] <= save["written_ms"]
+    assert save["after_window_ms"] > 0
+    assert save["engine_tokens"] == save["in_flight_tokens"]  # fresh requests: the cut's tokens are the prefixes
+    for key in ("steps_lost", "steps_lost_after", "twin_steps_lost", "twin_steps_lost_after", "steady_step_ms"):
+        assert isinstance(save[key], float), key  # measured: the engine generated throughout both windows
+    assert save["steady_step_ms"] > 0 and save["twin_steady_step_ms"] > 0
+    assert save["steps_lost_after_vs_twin"] == pytest.approx(save["steps_lost_after"] - save["twin_steps_lost_after"])
+    assert save["around_vs_steady"] == pytest.approx(save["tok_s_around"] / save["steady_tok_s"])
+    assert save["tok_s_around_vs_twin"] == pytest.approx(save["around_vs_steady"] / save["twin_around_vs_steady"])
+    targets = point["summary"]["targets"]
+    assert targets["steps_lost_target"] == 0.1
+    assert targets["steps_lost_median"] == save["steps_lost"]  # one repetition
+    assert targets["steps_lost_met"] == (save["steps_lost"] <= 0.1)
+    verdict = "met" if targets["steps_lost_met"] else "NOT MET"
+    assert f"{verdict}: 8x32: median engine decode steps lost" in proc.stdout
+    assert {"steps_lost", "steps_lost_after", "twin_*", "tok_s_around_vs_twin"} <= set(result["definitions"])
+    for stat in point["summary"]["modes"]["continue"]["recovery_s"], point["summary"]["save"]["steps_lost"]:
         assert stat["min"] <= stat["median"] <= stat["max"]
+
+
+def _log(durations: list[float], *, lag: float = 0.0005, start: float = 100.0, tokens: int = 4) -> StepLog:
+    """A step log of steps lasting ``durations`` (``nan``: a step after a gap), each received ``lag`` after its end."""
+    log = StepLog()
+    end = start
+    for d in durations:
+        end += 0.05 if math.isnan(d) else d  # a gap: the engine stood idle 50 ms, then ran one step
+        log.received.append(end + lag)
+        log.tokens.append(tokens)
+        log.durations.append(d)
+    return log
+
+
+def test_step_timeline_is_anchored_to_the_engine_clock() -> None:
+    """Step ends are the engine-side durations summed, put as close before the front end's times as any step came.
+
+    A front end that stalls (a save holding the event loop) receives a burst of steps late; their
+    ends stay where the engine ran them.
+    """
+    log = _log([math.nan] + [0.01] * 99)
+    for i in range(40, 50):  # the front end blocked: steps 40-49 (ended by 100.54 s) all received at 100.6 s
+        log.received[i] = 100.6
+    timeline = Timeline.of(log)
+    assert timeline.ends[1:] - timeline.ends[:-1] == pytest.approx([0.01] * 99)
+    assert timeline.ends[0] == pytest.approx(100.05, abs=0.001)  # late by the smallest lag (0.5 ms) at most
+    assert not timeline.known[0] and timeline.known[1:].all()
+    assert timeline.steady(timeline.ends[60]) == pytest.approx((100.0, 400.0))  # steps/s, tokens/s
+
+
+def test_steps_lost_is_zero_at_a_steady_pace_and_counts_a_slow_step() -> None:
+    """Lost = steady rate x window - steps run: 0 at the steady pace, a stretched step's excess in steps, signed."""
+    steady = _log([math.nan] + [0.01] * 99)
+    tl = Timeline.of(steady)
+    a = tl.ends[50] + 0.0037  # windows need not start or end on a step's end
+    assert tl.lost(a, a + 0.1234, 100.0) == pytest.approx(0, abs=1e-9)
+    slow = Timeline.of(_log([math.nan] + [0.01] * 59 + [0.025] + [0.01] * 39))  # step 60: 1.5 steps too long
+    a = slow.ends[55]
+    assert slow.lost(a, slow.ends[70], 100.0) == pytest.approx(1.5)
+    fast = Timeline.of(_log([math.nan] + [0.01] * 59 + [0.005] + [0.01] * 39))
+    assert fast.lost(fast.ends[55], fast.ends[70], 100.0) == pytest.approx(-0.5)  # noise can make it negative
+    paused = Timeline.of(_log([math.nan] + [0.01] * 59 + [0.2] + [0.01] * 39))  # a weight update's pause
+    assert paused.steady(paused.ends[80], 32, robust=True)[0] == pytest.approx(100.0)  # is not the engine's pace
+    assert paused.steady(paused.ends[80], 32)[0] == pytest.approx(31 / (30 * 0.01 + 0.2))
+
+
+def test_a_window_over_an_idle_gap_is_not_measured() -> None:
+    tl = Timeline.of(_log([math.nan] + [0.01] * 20 + [math.nan] + [0.01] * 20))
+    assert math.isnan(tl.steps_at(tl.ends[21] - 0.001))  # inside the gap before step 21
+    assert not math.isnan(tl.steps_at(tl.ends[30]))
+    assert math.isnan(tl.steady(tl.ends[23])[0])  # fewer than 4 steps since the gap
+    w = windows(gate_s=0.001, written_s=0.02, steady_steps_per_s=100.0)
+    assert w.end_s == pytest.approx(0.02 + 0.16)
+    figures = cost(tl, tl.ends[20] - 0.002, w)
+    assert figures["steps_lost"] is not None and figures["steps_lost_after"] is None
+
+
+def test_trainer_saves_are_placed_from_the_event_log() -> None:
+    """A save's window ends at its ``save`` event and starts ``gate_ms`` earlier; the step before it, which does not
+    save, gets a mark at the same offset from its ``train_step`` event (the estimator where nothing is saved)."""
+    from benchmarks.resume.trainer_saves import marks
+
+    def train(step: int, t: float) -> dict[str, object]:
+        return {"event": "log", "kind": "train_step", "step": step, "time": t}
+
+    events = [
+        train(1, 1000.0),
+        train(2, 1001.0),
+        {"event": "save", "save_id": "s2", "step": 2, "time": 1001.302, "gate_ms": 2.0, "engine_cut_ms": 0.5},
+        {"event": "save_written", "save_id": "s2", "time": 1001.35},
+        train(3, 1002.0),
+    ]
+    save, before = marks(events, offset=1000.0)  # the wall clock is 1000 s ahead of perf_counter
+    assert save["save"] and save["step"] == 2 and save["_t"] == pytest.approx(1.3)
+    assert save["written_ms"] == pytest.approx(50.0) and save["engine_cut_ms"] == 0.5
+    assert not before["save"] and before["step"] == 1 and before["_t"] == pytest.approx(0.3)
+    assert before["_of"] is save  # its windows are the save's

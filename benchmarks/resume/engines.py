@@ -1,33 +1,41 @@
-"""The resume benchmark by engine count: the stall of one cut across N Ray engines, and elastic resume N -> M.
+"""The resume benchmark by engine count: what a save costs each of N Ray engines, and elastic resume N -> M.
 
-**Stall of one cut** for 1, 2 and 4 engines (Ray actors on a local cluster, each pinned to its own
+**What a save costs** 1, 2 and 4 engines (Ray actors on a local cluster, each pinned to its own
 core group), each with ``--per-engine`` samples in flight (64 by default, seeded, 3-5 x ``--prefix``
-tokens each): the samples are submitted to paused engines and start together once every engine holds
-its own, and once every engine has run ``--prefix`` decode steps with every sample in flight the pool is
-cut (every engine paused concurrently, keep mode) and resumed at once.
-The stall is what the reference trainer logs: from the pause request until ``resume()`` returned,
-minus the step each engine was finishing (its tokens belong to the cut). It is reported in
-milliseconds and in decode steps (the stall over the median wall time of one engine step before
-the cut), next to the engines' own pause times: their maximum, and their sum (what pausing one
-after the other would cost).
+tokens each, plus the steps the saves span). Once every engine has run ``--prefix`` decode steps
+with every sample in flight, the pool is saved as a trainer saves it: the pool's cut (what the
+engines streamed to this process; no engine is paused and no actor is called), a snapshot built in
+memory (where a trainer's gate reopens), then its write in a thread while generation goes on. Then,
+every ``--every`` steps of the slowest engine, the same again, alternating with a mark where
+nothing is saved: ``--saves`` saves and as many marks without one, over the same run.
 
-**Elastic resume** N -> M (4 -> 2 and 2 -> 4): the cut of the N-engine point is finished in place
-(the uninterrupted run), then, with every prefix cache emptied, continued on M engines from its
-prefixes and regenerated from scratch on the same M engines. Reported: engine steps (the slowest
-engine's) and wall time to finish against the uninterrupted remainder, and how many samples in
-flight at the cut came out token-identical to the uninterrupted run, next to the noise floor
-(regenerate against uninterrupted: the same seeded samples generated twice, in different batches).
+Each engine records the time of each of its steps on the engine's clock
+(:mod:`benchmarks.resume.steps`), so per save and per engine: the **decode steps lost** (the steps
+it would have run at its steady rate over the window, minus those it ran; signed) in the save's
+window (from the cut call until the snapshot is built) and in the window after it (until 16 steady
+step times after the write returned), and the pool's **tokens per second** from the cut to the end
+of that window over its steady rate before. A mark without a save gets the windows of the save
+before it: the same estimator where nothing was saved. The target is each engine's median over the
+saves of its steps lost in the save's window: at most 0.1.
+
+**Elastic resume** N -> M (4 -> 2 and 2 -> 4): the first save's cut of the N-engine point is
+finished in place (the uninterrupted run, the later saves included: they change nothing in it),
+then, with every prefix cache emptied, continued on M engines from its prefixes and regenerated
+from scratch on the same M engines. Reported: engine steps (the slowest engine's) and wall time to
+finish against the uninterrupted remainder, and how many samples in flight at the cut came out
+token-identical to the uninterrupted run, next to the noise floor (regenerate against
+uninterrupted: the same seeded samples generated twice, in different batches).
 
 All points share one set of 4 engines (sub-pools of 1 and 2), so the figures compare engine
 counts, not engine starts. On this 2-core machine 4 engines share cores (two per core): their
-wall times measure contention as much as the cut; steps do not.
+wall times measure contention as much as the save; steps do not.
 
 Run from the repository root::
 
     python -m benchmarks.resume.engines                       # 1/2/4 engines x 64 in flight each
-    python -m benchmarks.resume.engines --per-engine 8 --prefix 16 --out /tmp/e   # smoke test
+    python -m benchmarks.resume.engines --per-engine 8 --prefix 16 --saves 2 --every 16 --out /tmp/e   # smoke test
 
-Writes ``<out>.json`` and ``<out>.png`` (stall per engine count; elastic resume against uninterrupted).
+Writes ``<out>.json`` and ``<out>.png`` (steps lost per save and engine count; elastic resume against uninterrupted).
 """
 
 from __future__ import annotations
@@ -35,11 +43,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,25 +61,74 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import numpy as np
 
+from benchmarks.resume import engine_calls as calls
 from benchmarks.resume.measure import first_divergence
-from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec
+from benchmarks.resume.steps import Timeline, Windows, cost, windows
+from partial_rollout.snapshot import (
+    Fingerprints,
+    GroupRecord,
+    GroupState,
+    SampleRecord,
+    SampleState,
+    SamplingSpec,
+    Snapshot,
+    save_snapshot,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+POLL_S = 0.02
+"""Seconds between two polls of the engines' step counters (each a Ray call per engine): polls back to
+back would load the cores the engines run on, and make the saves' windows, where the loop is busy
+elsewhere, look faster than the steady state."""
+TARGET_STEPS_LOST = 0.1
+"""Decode steps a save may cost each engine (its median over the saves, save window)."""
+DEFINITIONS = {
+    "steps_lost": (
+        "an engine's decode steps lost to a save in the save's window (from the cut call until the snapshot is "
+        "built in memory, where a trainer's gate reopens): its steady rate (steps per second over the 32 steps "
+        "before the cut) x the window, minus the steps it ran in it. Steps timed on the engine's clock (vLLM's "
+        "per-step inter-token latencies; benchmarks/resume/steps.py), the steps at the window's ends counted for "
+        "their share inside it: fractional and signed (noise makes it negative). Target: each engine's median "
+        "over the saves <= 0.1"
+    ),
+    "steps_lost_after": (
+        "the same over the window after it: from the snapshot built until 16 steady step times after its write "
+        "(in a thread, beside generation) returned"
+    ),
+    "no_save_*": (
+        "the same figures at the marks without a save (every other mark, the windows of the save before it): what"
+        " the estimator gives where nothing is saved"
+    ),
+    "*_per_engine": ("each engine's median over the saves (or the marks without one), in pool order"),
+    "steps_lost_worst_engine": ("the largest of steps_lost_per_engine; steps_lost_met: it is <= steps_lost_target"),
+    "around_vs_steady": (
+        "the pool's tokens per second from the cut until the end of the window after it, over its steady tokens "
+        "per second before the cut (median over the saves)"
+    ),
+    "tok_s_around_vs_no_save": (
+        "around_vs_steady over no_save_around_vs_steady: tokens per second around a save against around a mark "
+        "without one, each relative to the pace before it. 1 = the save cost nothing"
+    ),
+    "cut_ms": ("the pool's cut (Cut.cut_s): read from what each Ray engine streamed to this process, no actor called"),
+    "gate_ms": ("from the cut call until the snapshot was built in memory"),
+    "written_ms": ("from the cut call until save_snapshot returned in its thread"),
+}
 Work = dict[str, tuple[list[int], SamplingSpec]]
 
 
-def workload(num: int, prefix: int, *, seed: int, max_model_len: int, vocab_size: int) -> Work:
-    """``num`` seeded samples, 8 per prompt, each with a budget of 3-5 x ``prefix`` tokens (within the context).
+def workload(num: int, prefix: int, *, extra: int, seed: int, max_model_len: int, vocab_size: int) -> Work:
+    """``num`` seeded samples, 8 per prompt, each with a budget of 3-5 x ``prefix`` + ``extra`` tokens (within context).
 
-    Long enough that every sample is still in flight when the cut comes, even a cut that comes late:
-    polling N engines' step counters over Ray takes a while on a loaded machine.
+    Long enough that every sample is still in flight at every save (``extra`` covers the steps the
+    saves span), even a first save that comes late: polling N engines over Ray takes a while on a
+    loaded machine.
     """
     rng = np.random.default_rng([seed, num, prefix])
     work: Work = {}
     for g in range(-(-num // 8)):
         prompt = rng.integers(3, vocab_size, 32).tolist()
         for i in range(min(8, num - 8 * g)):
-            budget = min(int(rng.integers(3 * prefix, 5 * prefix + 1)), max_model_len - len(prompt))
+            budget = min(int(rng.integers(3 * prefix, 5 * prefix + 1)) + extra, max_model_len - len(prompt))
             spec = SamplingSpec(max_tokens=budget, temperature=1.0, seed=int(rng.integers(2**31)), ignore_eos=True)
             work[f"prompt-{g:04d}/{i}"] = (prompt, spec)
     return work
@@ -90,78 +149,188 @@ async def _finish(pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]]) -> 
     return done, time.perf_counter() - t
 
 
-async def _live(pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]]) -> tuple[list[int], dict[str, int]]:
-    """Each engine's step count and every running request's tokens (a request that ended early raises)."""
+async def _live(
+    pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]], *, strict: bool = True
+) -> tuple[list[int], dict[str, int]]:
+    """Each engine's step count and every running request's tokens (``strict``: a request that ended raises)."""
     for rid, task in tasks.items():
         if task.done():
             task.result()  # its error, if it failed
-            raise RuntimeError(f"{rid} finished before the cut: raise --prefix (its budget is 3-5 x --prefix)")
+            if strict:
+                raise RuntimeError(f"{rid} finished before the first save: raise --prefix (its budget is 3-5 x it)")
     parts = await asyncio.gather(*[e.progress() for e in pool.engines])
     return [p.steps or 0 for p in parts], {rid: n for p in parts for rid, n in p.live_tokens.items()}
 
 
-async def cut_point(pool: Any, work: Work, prefix: int) -> dict[str, Any]:
-    """Start ``work`` on ``pool`` at once, cut once every engine has run ``prefix`` steps with all its samples
-    in flight, finish in place.
+def snapshot_of(cut: Any, work: Work, fingerprints: Fingerprints) -> Snapshot:
+    """What a trainer's save holds of the pool's cut: one group per sample (each was submitted as sample 0)."""
+    groups = [
+        GroupRecord(
+            group_id=rid.replace("/", "-"),
+            prompt_token_ids=np.asarray(work[rid][0], dtype=np.int32),
+            state=GroupState.IN_FLIGHT,
+            dispatch_version=0,
+            samples=[record],
+        )
+        for rid, record in cut.samples.items()
+    ]
+    return Snapshot(
+        trainer_step=1, policy_version=0, fingerprints=fingerprints, groups=groups, metadata={"bench": "engines"}
+    )
 
-    The samples are submitted to paused engines, which resume once they hold every one: over Ray on a
-    loaded machine the submissions arrive over a second or more, and the first samples would otherwise
-    run to their end before the last ones started (an earlier version cut 1 engine with 21 of 64 in flight).
-    The engines are polled back to back, without sleeping, so that the cut comes as soon as it may.
-    """
-    await pool.pause_and_capture()
-    tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
-    while len((await _live(pool, tasks))[1]) < len(work):
-        pass
-    base = await _steps(pool)
-    await pool.resume()
-    timeline: list[tuple[float, list[int]]] = [(time.perf_counter(), [0] * len(pool.engines))]
+
+async def _wait_steps(
+    pool: Any, tasks: dict[str, asyncio.Future[SampleRecord]], since: list[int], n: int, *, strict: bool
+) -> None:
+    """Until every engine has run ``n`` steps since ``since``, polled every :data:`POLL_S` (``strict``: see _live)."""
     while True:
-        counts, live = await _live(pool, tasks)
-        steps = [s - b for s, b in zip(counts, base, strict=True)]
-        timeline.append((time.perf_counter(), steps))
-        if min(steps) >= prefix and len(live) == len(work) and min(live.values()) > 0:
-            break
-    requested = time.perf_counter()
-    cut = await pool.pause_and_capture()
-    captured = time.perf_counter()
-    await pool.resume()
-    resumed = time.perf_counter()
-    at_cut = await _steps(pool)
-    done, rest_s = await _finish(pool, tasks)
+        counts, _ = await _live(pool, tasks, strict=strict)
+        if min(c - s for c, s in zip(counts, since, strict=True)) >= n:
+            return
+        await asyncio.sleep(POLL_S)
+
+
+async def save_point(pool: Any, work: Work, args: argparse.Namespace, fingerprints: Fingerprints) -> dict[str, Any]:
+    """Start ``work`` on ``pool``, save it ``--saves`` times between as many marks without a save, finish in place.
+
+    The first save comes once every engine has run ``--prefix`` steps with all its samples in
+    flight (a point whose first save finds a sample finished or not yet started fails instead of
+    being recorded); each mark after it ``--every`` steps of the slowest engine after the one before.
+    """
+    tasks = {rid: asyncio.ensure_future(pool.generate(rid, p, s, index=0)) for rid, (p, s) in work.items()}
+    while len((await _live(pool, tasks))[1]) < len(work):  # noqa: ASYNC110  (polling engines, no event to wait on)
+        await asyncio.sleep(POLL_S)
+    base = await _steps(pool)
+    await _wait_steps(pool, tasks, base, args.prefix, strict=True)
+    polled = await _steps(pool)  # the last poll before the first save
+    marks: list[dict[str, Any]] = []
+    first: Any = None
+    with tempfile.TemporaryDirectory(prefix="engines-bench-") as tmp:
+        writing: asyncio.Future[float] | None = None
+        for m in range(2 * args.saves):
+            if m:
+                # later saves may find a sample finished (an engine far ahead of the slowest): a save as any other
+                await _wait_steps(pool, tasks, marks[-1]["_steps"], args.every, strict=False)
+            if writing is not None:
+                await writing  # the previous save's write is done before the next mark
+            at = await _steps(pool)
+            t_cut = time.perf_counter()
+            if m % 2 == 0:
+                captured = await pool.cut()  # suspends nothing: no actor is called
+                snapshot = snapshot_of(captured, work, fingerprints)
+                gate_s = time.perf_counter() - t_cut
+                path = Path(tmp) / f"save-{m}" / "partial_rollouts.safetensors"
+
+                def write(snapshot: Snapshot = snapshot, path: Path = path) -> float:
+                    path.parent.mkdir()
+                    save_snapshot(snapshot, path)
+                    return time.perf_counter()
+
+                writing = asyncio.ensure_future(asyncio.to_thread(write))
+                first = first or captured
+                mark = dict(
+                    save=True,
+                    cut_ms=1e3 * captured.cut_s,
+                    gate_ms=1e3 * gate_s,
+                    engine_tokens=captured.engine_tokens,
+                    samples=len(captured.samples),
+                    _t=t_cut,
+                    _writing=writing,
+                )
+            else:  # a mark without a save: the windows of the save before it
+                writing = None
+                mark = dict(save=False, _t=t_cut)
+            marks.append(dict(mark, _steps=at))
+        if writing is not None:
+            await writing
+        for mark in marks:
+            if mark["save"]:
+                mark["written_ms"] = 1e3 * (mark.pop("_writing").result() - mark["_t"])
+        done, rest_s = await _finish(pool, tasks)
     after = await _steps(pool)
-    # one engine step's wall time before the cut, median over engines: over the second half of the polls
-    # (past the prompts' prefill), or from the submission when the cut came at the first polls
-    first, last = timeline[len(timeline) // 2 if len(timeline) >= 4 else 0], timeline[-1]
-    per_engine = [(last[0] - first[0]) / max(1, last[1][e] - first[1][e]) for e in range(len(pool.engines))]
-    step_s = statistics.median(per_engine)
-    stall_s = resumed - requested - cut.stop_s
-    in_flight = [r for r in cut.samples.values() if r.state is SampleState.IN_FLIGHT and r.num_tokens]
+    timelines = [Timeline.of(log) for log in await calls.step_logs(pool)]
+    in_flight = [r for r in first.samples.values() if r.state is SampleState.IN_FLIGHT and r.num_tokens]
     if len(in_flight) < len(work):
-        raise RuntimeError(f"the cut came late: {len(in_flight)} of {len(work)} samples in flight; raise --prefix")
+        raise RuntimeError(f"the first save came late: {len(in_flight)} of {len(work)} samples in flight")
+    saves = _costs(marks, timelines)
     return dict(
         engines=len(pool.engines),
         samples=len(work),
         in_flight_at_cut=len(in_flight),
         prefix_tokens=sum(r.num_tokens for r in in_flight),
-        stall_ms=1e3 * stall_s,
-        stall_decode_steps=stall_s / step_s,
-        decode_step_ms=1e3 * step_s,
-        pause_ms=1e3 * cut.pause_s,
-        stop_ms=1e3 * cut.stop_s,
-        capture_to_resume_ms=1e3 * (resumed - captured),
-        engine_pause_ms=[1e3 * p for p in cut.engine_pause_s],
-        engine_pause_max_ms=1e3 * max(cut.engine_pause_s),
-        engine_pause_sum_ms=1e3 * sum(cut.engine_pause_s),
-        requests_per_engine=[sum(1 for e in cut.engines.values() if e == i) for i in range(len(pool.engines))],
-        steps_before_cut=[a - b for a, b in zip(at_cut, base, strict=True)],
-        # from the last poll before the cut (a few steps early: polling engines over Ray takes a while)
-        steps_after_cut=[a - b - c for a, b, c in zip(after, base, timeline[-1][1], strict=True)],
-        steps_after_resume_returned=[a - b for a, b in zip(after, at_cut, strict=True)],
+        requests_per_engine=[sum(1 for e in first.engines.values() if e == i) for i in range(len(pool.engines))],
+        steps_before_cut=[a - b for a, b in zip(marks[0]["_steps"], base, strict=True)],
+        # from the last poll before the first save (a few steps early: polling engines over Ray takes a while)
+        steps_after_cut=[a - p for a, p in zip(after, polled, strict=True)],
         rest_s=rest_s,
-        _cut=cut,
+        saves=[{k: v for k, v in s.items() if not k.startswith("_")} for s in saves],
+        **summary(saves, len(pool.engines)),
+        _cut=first,
         _done=done,
     )
+
+
+def _costs(marks: list[dict[str, Any]], timelines: list[Timeline]) -> list[dict[str, Any]]:
+    """Each mark's windows (a mark without a save takes the save's before it) and every engine's figures in them."""
+    spans: Windows | None = None
+    for mark in marks:
+        rates = [tl.steady(mark["_t"])[0] for tl in timelines]
+        rate = statistics.median(r for r in rates if not math.isnan(r)) if any(not math.isnan(r) for r in rates) else 0
+        if mark["save"]:
+            spans = windows(gate_s=mark["gate_ms"] / 1e3, written_s=mark["written_ms"] / 1e3, steady_steps_per_s=rate)
+        assert spans is not None, "every other mark is a save, the first one included"
+        per_engine = [cost(tl, mark["_t"], spans) for tl in timelines]
+        mark.update(
+            gate_window_ms=1e3 * spans.gate_s,
+            after_window_ms=1e3 * (spans.end_s - spans.gate_s),
+            per_engine=per_engine,
+            pool_around_vs_steady=_pool_ratio(per_engine),
+        )
+    return marks
+
+
+def _pool_ratio(per_engine: list[dict[str, float | None]]) -> float | None:
+    """The pool's tokens per second from the cut to the window's end over its steady rate before."""
+    around = [e["tok_s_around"] for e in per_engine]
+    steady = [e["steady_tok_s"] for e in per_engine]
+    if None in around or None in steady:
+        return None
+    return sum(a for a in around if a is not None) / sum(s for s in steady if s is not None)
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summary(marks: list[dict[str, Any]], engines: int) -> dict[str, Any]:
+    """Each engine's median over the saves (and over the marks without one) of each figure; the target."""
+    out: dict[str, Any] = {}
+    for kind, chosen in (("", [m for m in marks if m["save"]]), ("no_save_", [m for m in marks if not m["save"]])):
+        for key in ("steps_lost", "steps_lost_after"):
+            out[f"{kind}{key}_per_engine"] = [
+                _median([m["per_engine"][e][key] for m in chosen]) for e in range(engines)
+            ]
+        out[f"{kind}around_vs_steady"] = _median([m["pool_around_vs_steady"] for m in chosen])
+        out[f"{kind}steady_step_ms_per_engine"] = [
+            _median([m["per_engine"][e]["steady_step_ms"] for m in chosen]) for e in range(engines)
+        ]
+    worst = [v for v in out["steps_lost_per_engine"] if v is not None]
+    out["steps_lost_worst_engine"] = max(worst) if len(worst) == engines else None
+    out["steps_lost_target"] = TARGET_STEPS_LOST
+    out["steps_lost_met"] = (
+        out["steps_lost_worst_engine"] is not None and out["steps_lost_worst_engine"] <= TARGET_STEPS_LOST
+    )
+    out["tok_s_around_vs_no_save"] = (
+        out["around_vs_steady"] / out["no_save_around_vs_steady"]
+        if out["around_vs_steady"] is not None and out["no_save_around_vs_steady"]
+        else None
+    )
+    saves = [m for m in marks if m["save"]]
+    out["cut_ms"] = _median([m["cut_ms"] for m in saves])
+    out["gate_ms"] = _median([m["gate_ms"] for m in saves])
+    out["written_ms"] = _median([m["written_ms"] for m in saves])
+    return out
 
 
 async def elastic(
@@ -212,6 +381,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from partial_rollout.models import TinyModelSpec, build_tiny_model
     from partial_rollout.pool import EnginePool, connect_ray
 
+    if args.saves < 1 or args.every < 1:
+        raise SystemExit("--saves and --every must be at least 1")
+
     model = args.model or str(build_tiny_model(TinyModelSpec(arch="llama")))
     config = EngineConfig(
         model=model,
@@ -223,15 +395,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     connect_ray(None, object_store_memory=256 * 2**20, log_to_driver=False)
     started = time.perf_counter()
     most = max(args.engines)
-    pool = await EnginePool.ray(config, most, count_steps=True)
+    pool = await calls.ray_pool(config, most)
     start_s = time.perf_counter() - started
-    vocab = (await pool.fingerprints()).vocab_size
+    fingerprints = await pool.fingerprints()
+    vocab = fingerprints.vocab_size
     result: dict[str, Any] = dict(
         benchmark="resume_engines",
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_before=os.getloadavg()),
         commit=_commit(),
         config=dict(vars(args), model=model, out=str(args.out), engine_start_s=start_s),
-        cut=[],
+        definitions=DEFINITIONS,
+        save=[],
         elastic=[],
     )
     cuts: dict[int, dict[str, Any]] = {}
@@ -240,12 +414,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sub = EnginePool(pool.engines[:n])
             await sub.reset_prefix_cache()
             work = workload(
-                n * args.per_engine, args.prefix, seed=n, max_model_len=args.max_model_len, vocab_size=vocab
+                n * args.per_engine,
+                args.prefix,
+                extra=2 * args.saves * args.every,
+                seed=n,
+                max_model_len=args.max_model_len,
+                vocab_size=vocab,
             )
-            point = await cut_point(sub, work, args.prefix)
+            point = await save_point(sub, work, args, fingerprints)
             cuts[n] = dict(point, _work=work)
-            result["cut"].append({k: v for k, v in point.items() if not k.startswith("_")})
-            print(_cut_line(result["cut"][-1]), flush=True)
+            result["save"].append({k: v for k, v in point.items() if not k.startswith("_")})
+            print(_save_line(result["save"][-1]), flush=True)
             _write(args.out, result)
         for n, m in args.elastic:
             if n not in cuts or m > most:
@@ -271,12 +450,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _cut_line(p: dict[str, Any]) -> str:
+def _save_line(p: dict[str, Any]) -> str:
     return (
-        f"{p['engines']} engine(s) x {p['samples'] // p['engines']}: stall {p['stall_ms']:.1f} ms"
-        f" = {p['stall_decode_steps']:.2f} decode steps (step {p['decode_step_ms']:.1f} ms);"
-        f" engine pauses max {p['engine_pause_max_ms']:.1f} / sum {p['engine_pause_sum_ms']:.1f} ms"
+        f"{p['engines']} engine(s) x {p['samples'] // p['engines']}: decode steps lost per save, each engine's median"
+        f" {_list(p['steps_lost_per_engine'])} (without a save {_list(p['no_save_steps_lost_per_engine'])});"
+        f" after it {_list(p['steps_lost_after_per_engine'])}"
+        f" (without {_list(p['no_save_steps_lost_after_per_engine'])});"
+        f" tokens/s around a save vs without {_num(p['tok_s_around_vs_no_save'])};"
+        f" {'met' if p['steps_lost_met'] else 'NOT MET'} (<= {p['steps_lost_target']})"
     )
+
+
+def _num(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _list(values: list[float | None], digits: int = 2) -> str:
+    return ", ".join(_num(v, digits) for v in values)
 
 
 def _elastic_line(e: dict[str, Any]) -> str:
@@ -290,17 +480,22 @@ def _elastic_line(e: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The README tables of a result: the stall per engine count, then the elastic resumes."""
+    """The README tables of a result: what a save costs per engine count, then the elastic resumes."""
     rows = [
-        "| engines x in flight each | samples in flight at the cut | stall ms (decode steps) | one decode step ms"
-        " | engine pauses ms: max / sum | requests per engine at the cut |",
-        "|---|---|---|---|---|---|",
+        "| engines x in flight each | saves | decode steps lost per save, each engine (median): save window"
+        " (without a save) | worst engine | after it, each engine (without a save) | tok/s around a save / without"
+        " | cut ms; gate ms; write ms | one decode step ms, each engine | requests per engine at the first save |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for p in result["cut"]:
+    for p in result.get("save", []):  # results before the cut without a pause have none
         rows.append(
-            f"| {p['engines']} x {p['samples'] // p['engines']} | {p['in_flight_at_cut']} | {p['stall_ms']:.1f}"
-            f" ({p['stall_decode_steps']:.2f}) | {p['decode_step_ms']:.1f} | {p['engine_pause_max_ms']:.1f} /"
-            f" {p['engine_pause_sum_ms']:.1f} | {', '.join(map(str, p['requests_per_engine']))} |"
+            f"| {p['engines']} x {p['samples'] // p['engines']} | {sum(m['save'] for m in p['saves'])}"
+            f" | {_list(p['steps_lost_per_engine'], 3)} ({_list(p['no_save_steps_lost_per_engine'], 3)})"
+            f" | {_num(p['steps_lost_worst_engine'], 3)}{'' if p['steps_lost_met'] else ' **over 0.1**'}"
+            f" | {_list(p['steps_lost_after_per_engine'])} ({_list(p['no_save_steps_lost_after_per_engine'])})"
+            f" | {_num(p['tok_s_around_vs_no_save'])} | {_num(p['cut_ms'], 1)}; {_num(p['gate_ms'], 1)};"
+            f" {_num(p['written_ms'], 1)} | {_list(p['steady_step_ms_per_engine'], 1)}"
+            f" | {', '.join(map(str, p['requests_per_engine']))} |"
         )
     rows += [
         "",
@@ -341,15 +536,26 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
-    cuts = result["cut"]
-    n = [p["engines"] for p in cuts]
-    a.plot(n, [p["stall_ms"] for p in cuts], "o-", label="stall (pool)")
-    a.plot(n, [p["engine_pause_max_ms"] for p in cuts], "s--", label="engine pauses: max")
-    a.plot(n, [p["engine_pause_sum_ms"] for p in cuts], "^:", label="engine pauses: sum (one after another)")
-    a.set(xlabel="engines", ylabel="ms", title="one cut across N engines", xticks=n)
-    a.legend(fontsize=8)
-    b.bar([str(x) for x in n], [p["stall_decode_steps"] for p in cuts])
-    b.set(xlabel="engines", ylabel="decode steps", title="stall in decode steps")
+    points = result["save"]
+    n = [p["engines"] for p in points]
+    for ax, key, title in (
+        (a, "steps_lost", "decode steps lost per save: save window"),
+        (b, "steps_lost_after", "in the window after it"),
+    ):
+        for shift, saved, marker, label in ((-0.08, True, "o", "save"), (0.08, False, "x", "no save (same windows)")):
+            xs, ys = [], []
+            for p in points:
+                for m in p["saves"]:
+                    if m["save"] is saved:
+                        vals = [e[key] for e in m["per_engine"] if e[key] is not None]
+                        xs += [p["engines"] + shift] * len(vals)
+                        ys += vals
+            ax.plot(xs, ys, marker, alpha=0.6, label=f"{label}: each engine, each mark")
+        if key == "steps_lost":
+            ax.axhline(TARGET_STEPS_LOST, color="k", ls="--", lw=0.8, label=f"target {TARGET_STEPS_LOST}")
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(xlabel="engines", ylabel="decode steps lost (signed)", title=title, xticks=n)
+        ax.legend(fontsize=7)
     labels = [f"{e['saved_on']}->{e['engines']}" for e in result["elastic"]]
     x = np.arange(len(labels))
     steps: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
@@ -374,10 +580,12 @@ def main(argv: list[str] | None = None) -> int:
         "--elastic", type=lambda s: tuple(int(x) for x in s.split("->")), nargs="*", default=[(4, 2), (2, 4)]
     )
     ap.add_argument("--per-engine", type=int, default=64, help="samples in flight per engine")
-    ap.add_argument("--prefix", type=int, default=64, help="mean prefix (decode steps before the cut)")
+    ap.add_argument("--prefix", type=int, default=64, help="mean prefix (decode steps before the first save)")
+    ap.add_argument("--saves", type=int, default=3, help="saves per point, each followed by a mark without one")
+    ap.add_argument("--every", type=int, default=32, help="steps of the slowest engine between two marks")
     ap.add_argument("--model", default=None, help="model folder (default: the tiny Llama)")
-    ap.add_argument("--max-model-len", type=int, default=512)
-    ap.add_argument("--kv-cache-bytes", type=int, default=64 * 2**20)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--kv-cache-bytes", type=int, default=128 * 2**20)
     ap.add_argument("--out", type=Path, default=RESULTS / "resume_engines")
     ap.add_argument("--report", type=Path, help="print the README tables of this result JSON and exit")
     args = ap.parse_args(argv)

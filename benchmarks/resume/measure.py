@@ -266,8 +266,10 @@ def consistency_checks(
             sum(len(g.prompt_token_ids) + s.num_tokens for g, s in loaded.iter_samples(SampleState.IN_FLIGHT)),
         ),
         "uninterrupted_decode_after_cut": (uninterrupted_decode, work.remaining_tokens),
-        "sampler_state_per_in_flight_sample": (
-            work.samples_in_flight,
+        # A cut carries no sampler state where the engine derives it from the seed and the tokens
+        # drawn (V1 CPU: resumable.py _generator_state); a legacy one would: the file keeps whichever.
+        "sampler_states_kept": (
+            sum(s.sampler_state is not None for _, s in saved.iter_samples(SampleState.IN_FLIGHT)),
             sum(s.sampler_state is not None for _, s in loaded.iter_samples(SampleState.IN_FLIGHT)),
         ),
     }

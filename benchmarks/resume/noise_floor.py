@@ -111,8 +111,7 @@ async def _one_point(engine: Any, n: int, prefix: int, remainder: int, vocab: in
     tasks = {rid: asyncio.ensure_future(engine.generate(f"ref/{rid}", p, s, index=0)) for rid, (p, s) in work.items()}
     while max((await engine.progress()).live_tokens.values(), default=0) < prefix:  # noqa: ASYNC110
         await asyncio.sleep(0.002)
-    cut = await engine.pause_and_capture()
-    await engine.resume()
+    cut = await engine.cut()  # what was received so far; the engine is not paused
     ref = {rid: await t for rid, t in tasks.items()}
     in_flight = {
         rid.removeprefix("ref/"): rec

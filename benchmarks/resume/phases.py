@@ -2,11 +2,14 @@
 
 1. **Engine A**, the run that will be "killed" (:func:`run_to_kill`). The prompt groups are
    dispatched in staggered waves, longest prefix target first, so that at the cut every sample has
-   its target prefix (:func:`dispatch_staggered`). At the cut (:func:`cut`): a keep-mode pause and
-   capture, the snapshot is built, the engine resumes. The snapshot is then saved to disk while
-   generation goes on (a trainer can do the same: the cut is in memory), and A finishes the
+   its target prefix (:func:`dispatch_staggered`). At the cut (:func:`cut`): the engine's cut (what
+   its front end has received; the engine is not paused) and the snapshot built in memory, the
+   point where a trainer's gate to the engine reopens. The snapshot is then saved to disk while
+   generation goes on (a trainer does the same: the cut is in memory), and A finishes the
    remaining work in place, pending groups included: the **uninterrupted** reference for the same
-   remainder (:func:`uninterrupted_and_save`). Then A is shut down: the "kill".
+   remainder (:func:`uninterrupted_and_save`). Then, on the same engine with its prefix cache
+   emptied, the same workload runs again up to the same cut point and a little past it, with no
+   save (:func:`twin`): the run the save's cost is measured against. Then A is shut down: the "kill".
 2. The restart is in-process: a new engine, i.e. a new engine-core process with a cold KV cache.
    Nothing carries over from A but the snapshot file.
    **continue** (:func:`restart_continue`, engine B): the snapshot read back from disk after
@@ -22,13 +25,20 @@
 3. **drop** (:func:`drop`, legacy semantics) does no work: its figures are what it loses.
 
 Recovery time runs from engine-ready (start returned, warm-up included) until every recovered
-sample finished; the uninterrupted mode's runs from ``resume()`` after the cut. Each restart mode is
-then rerun on its own, now warm, engine after emptying the prefix cache (:func:`warm_rerun`).
+sample finished; the uninterrupted mode's runs from the moment the snapshot was built after the
+cut. Each restart mode is then rerun on its own, now warm, engine after emptying the prefix cache
+(:func:`warm_rerun`).
+
+What the save costs engine A is measured in engine steps timed on the engine's side
+(:mod:`benchmarks.resume.steps`): the steps lost in the save's window and in a window after it,
+next to the same windows of the twin run, and the tokens per second around the save against the
+twin's around the same point.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 import time
@@ -41,6 +51,15 @@ from tqdm import tqdm
 from benchmarks.resume import engine_calls as calls
 from benchmarks.resume import report
 from benchmarks.resume.measure import Clocks, Steady, Tracker, size_breakdown, steady_state
+from benchmarks.resume.steps import (
+    MIN_STEADY_STEPS,
+    STEADY_STEPS,
+    StepLog,
+    Timeline,
+    Windows,
+    cost,
+    windows,
+)
 from benchmarks.resume.workload import Group, Recovered, bench_counters, build_snapshot, recovered
 from benchmarks.snapshot_io import evict
 from partial_rollout.snapshot import (
@@ -57,6 +76,8 @@ from partial_rollout.snapshot import (
 POLL_S = 0.005
 """Seconds between two looks at the first request's progress while the dispatch is staggered."""
 SNAPSHOT_NAME = "partial_rollouts.safetensors"
+TWIN_MARGIN_STEPS = 4
+"""Steps the twin runs past the end of the windows it is measured over, so that a step ends after them."""
 
 
 class Requests:
@@ -118,44 +139,41 @@ async def dispatch_staggered(requests: Requests, groups: list[Group], t0: float)
 class CutResult:
     snapshot: Snapshot
     t_cut: float
-    pause_s: float
-    stop_s: float
-    freeze_s: float
-    """From the pause call until resume() returned: pause + capture + building the snapshot + resume."""
+    """When the cut was called (``time.perf_counter``)."""
+    cut_s: float
+    """The engine's cut (:attr:`Cut.cut_s <partial_rollout.engine.Cut.cut_s>`)."""
+    gate_s: float
+    """From the cut call until the snapshot was built in memory: where a trainer's gate to the engine reopens."""
+    engine_tokens: int
+    """Tokens the engine had delivered of the requests in the cut (:attr:`Cut.engine_tokens`)."""
     tokens_at_cut: int
     steady: Steady
-    resumed: Clocks
-
-    @property
-    def stall_s(self) -> float:
-        """From the engine's stop until resume() returned: how long it stood idle because of the save."""
-        return self.freeze_s - self.stop_s
+    gate: Clocks
+    """The clocks once the snapshot was built: the uninterrupted remainder is timed from here."""
 
 
 async def cut(
     engine: Any, requests: Requests, groups: list[Group], fingerprints: Fingerprints, dispatched: Dispatched
 ) -> CutResult:
-    """Pause and capture, build the snapshot in memory, resume: the engine is frozen only this long."""
+    """The engine's cut and the snapshot built in memory; the engine generates throughout (it is never paused)."""
     t_cut = time.perf_counter()
-    captured = await calls.pause_and_capture(engine)
-    # Paused and drained: the live records hold exactly the captured tokens. A sample can finish
-    # while the pause waits for the step in progress (with hundreds of samples, the engine's output
-    # backlog too); the cut no longer has it, its finished record does.
+    captured = await calls.cut(engine)
+    # Nothing here suspends until the snapshot is built, so nothing is received meanwhile: a sample
+    # is either in the cut (as received so far) or finished, and the token counts are those of the cut.
     at_cut = {**requests.finished(), **captured.samples}
     tokens_at_cut = (await requests.tracker.totals())[0]
     clock_at_cut = await requests.tracker.count(dispatched.clock)
     snapshot = build_snapshot(fingerprints, groups, at_cut, bench_counters(groups, at_cut))
-    await calls.resume(engine)
-    resumed = await Clocks.read(engine)
+    gate_s = time.perf_counter() - t_cut
     return CutResult(
         snapshot=snapshot,
         t_cut=t_cut,
-        pause_s=captured.pause_s,
-        stop_s=captured.stop_s,
-        freeze_s=resumed.wall_s - t_cut,
+        cut_s=captured.cut_s,
+        gate_s=gate_s,
+        engine_tokens=captured.engine_tokens,
         tokens_at_cut=tokens_at_cut,
         steady=steady_state(dispatched.last_dispatch, t_cut, tokens_at_cut, clock_at_cut),
-        resumed=resumed,
+        gate=await Clocks.read(engine),
     )
 
 
@@ -165,9 +183,11 @@ class Uninterrupted:
     bytes: int
     save_s: float
     """save_snapshot wall time (fsync + atomic rename), in a thread while generation goes on."""
+    written_s: float
+    """From the cut call until save_snapshot returned."""
     finished: dict[str, SampleRecord]
     spent: Clocks
-    """From resume() after the cut until every sample finished."""
+    """From the snapshot built after the cut until every sample finished."""
 
 
 async def uninterrupted_and_save(
@@ -178,16 +198,61 @@ async def uninterrupted_and_save(
         if g.pending:
             requests.launch(g)
 
-    def save() -> tuple[int, float]:
+    def save() -> tuple[int, float, float]:
         t = time.perf_counter()
         size = save_snapshot(at_cut.snapshot, path)
-        return size, time.perf_counter() - t
+        done = time.perf_counter()
+        return size, done - t, done
 
-    size, save_s = await asyncio.to_thread(save)
+    size, save_s, written = await asyncio.to_thread(save)
     finished = await requests.gather()
     return Uninterrupted(
-        path=path, bytes=size, save_s=save_s, finished=finished, spent=await Clocks.read(engine) - at_cut.resumed
+        path=path,
+        bytes=size,
+        save_s=save_s,
+        written_s=written - at_cut.t_cut,
+        finished=finished,
+        spent=await Clocks.read(engine) - at_cut.gate,
     )
+
+
+async def twin(engine: Any, groups: list[Group], spans: Windows, log: StepLog) -> float:
+    """The same workload again on the same engine, up to the same cut point and past the save's windows, with no save.
+
+    Nothing runs in the save's own window (the event loop waits it out), and what the save run did
+    after it but the save itself is done at the same offset (the clocks read, the pending groups
+    launched), so that the two runs differ by the save. The prefix cache is emptied first (the
+    save run's prompts would otherwise skip their prefill), and the requests are cancelled once
+    the engine (its step ``log``) has run a few steps past the windows: only they are measured.
+    Returns the twin's cut time (``time.perf_counter``).
+    """
+    await calls.reset_prefix_cache(engine)
+    twins = [dataclasses.replace(g, group_id=f"twin-{g.group_id}") for g in groups]
+    tracker = Tracker(engine)
+    requests = Requests(tracker)
+    t0 = time.perf_counter()
+    tracker.start_timeline(t0)
+    try:
+        await dispatch_staggered(requests, twins, t0)
+        t_cut = time.perf_counter()
+        await asyncio.sleep(spans.gate_s)
+        await Clocks.read(engine)
+        for g in twins:
+            if g.pending:
+                requests.launch(g)
+        # until the step before the last few ones was received after the windows' end (the front end
+        # lags the engine by less than that), or the work ran out first (then the windows past its end
+        # are not measured); a look every 20 ms, not to load the cores the engine core runs on
+        while len(log.received) < TWIN_MARGIN_STEPS or log.received[-TWIN_MARGIN_STEPS] <= t_cut + spans.end_s:
+            if all(task.done() for task in requests.tasks.values()):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        for task in requests.tasks.values():
+            task.cancel()
+        await asyncio.gather(*requests.tasks.values(), return_exceptions=True)
+        await tracker.stop_timeline()
+    return t_cut
 
 
 @dataclass(frozen=True)
@@ -201,13 +266,19 @@ class KilledRun:
     decode_tokens_after_cut: int
     timeline: list[tuple[float, int, int]]
     """Token timeline with the cut at 0."""
+    windows: Windows
+    """The save's windows (offsets from the cut)."""
+    save_cost: dict[str, float | None]
+    """Engine A's steps lost and tokens per second around the save (:func:`benchmarks.resume.steps.cost`)."""
+    twin_cost: dict[str, float | None]
+    """The same windows in the twin run, which did not save."""
 
 
 async def run_to_kill(config: Any, groups: list[Group], folder: Path) -> KilledRun:
-    """Engine A: staggered dispatch, the cut, the save, then the uninterrupted remainder in place; then the kill."""
-    engine, start_s = await calls.start(config)
+    """Engine A: staggered dispatch, the cut, the save, the uninterrupted remainder in place, the twin; the kill."""
+    engine, start_s, log = await calls.start(config)
     try:
-        fingerprints = await calls.fingerprints(engine)  # hashes files: a trainer does it once, not inside the pause
+        fingerprints = await calls.fingerprints(engine)  # hashes files: a trainer does it once, not inside the cut
         tracker = Tracker(engine)
         requests = Requests(tracker)
         t0 = time.perf_counter()
@@ -217,8 +288,13 @@ async def run_to_kill(config: Any, groups: list[Group], folder: Path) -> KilledR
         rest = await uninterrupted_and_save(engine, requests, groups, at_cut, folder / SNAPSHOT_NAME)
         await tracker.stop_timeline()
         decode_after_cut = (await tracker.totals())[0] - at_cut.tokens_at_cut
+        steady = steady_steps(dispatched, at_cut.t_cut, log)
+        rate, _ = Timeline.of(log).steady(at_cut.t_cut, steady)
+        spans = windows(gate_s=at_cut.gate_s, written_s=rest.written_s, steady_steps_per_s=rate)
+        t_twin = await twin(engine, groups, spans, log)
     finally:
         await calls.shutdown(engine)
+    timeline = Timeline.of(log)
     shift = at_cut.t_cut - t0
     return KilledRun(
         engine_start_s=start_s,
@@ -227,7 +303,20 @@ async def run_to_kill(config: Any, groups: list[Group], folder: Path) -> KilledR
         uninterrupted=rest,
         decode_tokens_after_cut=decode_after_cut,
         timeline=[(round(t - shift, 3), e, u) for t, e, u in tracker.timeline],
+        windows=spans,
+        save_cost=cost(timeline, at_cut.t_cut, spans, steady),
+        twin_cost=cost(timeline, t_twin, spans, steady),
     )
+
+
+def steady_steps(dispatched: Dispatched, t_cut: float, log: StepLog) -> int:
+    """Steps the steady rate is taken over: :data:`STEADY_STEPS`, or fewer when the last group was dispatched later.
+
+    A dispatch prefills a group beside the decoding ones; the steady rate starts after the last.
+    """
+    received = log.received
+    since = sum(dispatched.last_dispatch[0] <= t <= t_cut for t in received)
+    return max(MIN_STEADY_STEPS, min(STEADY_STEPS, since - 1))
 
 
 # --- the restarts --------------------------------------------------------------------------------
@@ -347,7 +436,7 @@ async def prefill_floor(engine: Any, work: list[Recovered]) -> Floor:
 
 async def restart_continue(config: Any, path: Path) -> Continued:
     """A fresh engine: load the snapshot from disk and continue every saved prefix; then again, warm."""
-    engine, start_s = await calls.start(config)
+    engine, start_s, _ = await calls.start(config)
     try:
         evict(path)
         t = time.perf_counter()
@@ -361,7 +450,7 @@ async def restart_continue(config: Any, path: Path) -> Continued:
 
 async def restart_regenerate(config: Any, path: Path) -> tuple[Restart, Floor]:
     """A fresh engine: regenerate every recovered prompt from scratch, again warm; then the prefill floor."""
-    engine, start_s = await calls.start(config)
+    engine, start_s, _ = await calls.start(config)
     try:
         work = recovered(load_snapshot(path))  # the legacy path re-dispatches the same prompts from its loader
         restart = await recover(engine, work, resume=False, start_s=start_s)

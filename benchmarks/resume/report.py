@@ -32,9 +32,11 @@ if TYPE_CHECKING:
 MODES = ("uninterrupted", "drop", "regenerate", "continue")
 TARGET_CONTINUE_VS_UNINTERRUPTED = 1.15
 TARGET_BYTES_PER_TOKEN = 8.0
+TARGET_STEPS_LOST = 0.1
+"""Engine decode steps a save may cost (median of ``steps_lost``, signed)."""
 
 DEFINITIONS = {
-    "recovery_s": "seconds from engine-ready after the restart until every recovered sample finished (uninterrupted: from resume() after the cut)",
+    "recovery_s": "seconds from engine-ready after the restart until every recovered sample finished (uninterrupted: from the snapshot built after the cut, the engine generating throughout)",
     "decode_tokens": "tokens the engine generated for the recovered samples",
     "prefill_tokens": "prompt tokens submitted for the recovered samples (continue: prompt + saved prefix); prefix caching is on, so shared group prompts may be computed once",
     "steps": "engine steps (scheduler iterations that produced outputs) over the same interval as recovery_s: the latency structure, immune to other jobs on the machine",
@@ -47,12 +49,19 @@ DEFINITIONS = {
     "useful_vs_steady": "useful_tok_s over the pre-cut steady-state rate (all groups dispatched, full batch)",
     "vs_uninterrupted": "recovery_s over the uninterrupted mode's time for the same remainder",
     "prompts_lost": "prompt groups (in flight or pending) that never come back",
-    "pause_ms": "keep-mode pause + capture of the cut (ResumableEngine.pause_and_capture), from the call until the cut is ready",
-    "stop_ms": "from the pause call until the engine stopped: it first finishes the step it is running, whose tokens are in the cut (Cut.stop_s)",
-    "freeze_ms": "from the pause call until resume() returned: pause + capture + building the Snapshot object + resume",
-    "stall_ms": "freeze_ms - stop_ms: the time the engine stood idle because of the save (the target: <= one decode step)",
-    "pause_in_decode_steps": "pause_ms over the steady-state decode step time",
-    "stall_in_decode_steps": "stall_ms over the steady-state decode step time",
+    "cut_ms": "the engine's cut (ResumableEngine.cut, Cut.cut_s): what its front end had received of every request in flight; the engine is not paused and generates throughout",
+    "gate_ms": "from the cut call until the snapshot is built in memory (engine cut + the benchmark's ledger-like copy into a Snapshot): where a trainer's gate to the engine reopens (the save event's gate_ms). The save's own window",
+    "engine_tokens": "tokens the engine had delivered of the requests in the cut (Cut.engine_tokens)",
+    "written_ms": "from the cut call until save_snapshot returned in its thread (encode, fsync, atomic rename, beside generation)",
+    "after_window_ms": "the window after the save's own: from the snapshot built until 16 steady step times after written_ms, where the engine should be back at its pace",
+    "steady_step_ms": "the engine's mean step time over the 32 steps before the cut (fewer when the last group was dispatched later: from the step after its prefill), on the engine's clock",
+    "steps_lost": "engine decode steps lost to the save in its window (cut call to gate): steady rate x window minus the steps the engine ran in it. Steps are timed on the engine's side (each step's end from vLLM's per-step inter-token latencies, the engine core's own clock, anchored to this process's; benchmarks/resume/steps.py), the steps at the window's ends counted for the share inside it, so it is fractional and signed: noise makes it negative. Target: median <= 0.1 (steps_lost_target)",
+    "steps_lost_after": "the same over after_window_ms: what the save costs later (the write in a thread competing for the CPU), plus whatever else happens there (the pending groups launched at the cut prefill, samples finish): read it next to twin_steps_lost_after",
+    "twin_*": "the same figures over the same windows (the same offsets from the cut) in the twin run: the same workload rerun on engine A after the uninterrupted remainder (prefix cache emptied), to the same cut point, where nothing runs for the save's own window (the event loop waits it out) and then everything the save run did after it but the save (clocks read, pending groups launched). What the estimator gives without a save",
+    "steps_lost_after_vs_twin": "steps_lost_after minus twin_steps_lost_after: the steps the save cost in the window after it, net of what the same point costs without one",
+    "tok_s_around": "tokens the engine sampled per second from the cut until the end of the window after it (engine clock); twin_tok_s_around: the same without a save",
+    "around_vs_steady": "tok_s_around over the engine's steady tokens/s in the steady_step_ms window before the cut",
+    "tok_s_around_vs_twin": "around_vs_steady of the save run over that of the twin: tokens per second around a save against around the same point without one, each run relative to its own pace before the cut (so a run slower throughout, the machine being shared, does not count as the save's cost). 1 = the save cost nothing",
     "token_data_bytes_per_token": "bytes of the per-token tensors (token ids, logprobs, version runs) per stored token: the marginal cost of a generated token",
     "bytes_*": "the snapshot file split by what the bytes hold (token_data, prompts, sampler_state, per-sample and per-group fields, the sampling-parameter tables in the header, the rest of the header); they add up to the file size. The workload gives every sample its own max_tokens (to shape the length distribution), so every sample has its own sampling-table entry; a trainer with one max_tokens has one",
     "save_s": "save_snapshot wall time (fsync + atomic rename), overlapping generation in a thread",
@@ -186,7 +195,7 @@ def rep_record(
         floor_prefill=floor.prefill_tokens,
     )
     step_ms = cut.steady.step_ms
-    stall_ms = 1000 * cut.stall_s
+    ours, twin = killed.save_cost, killed.twin_cost
     tokens = work.prefix_tokens
     return dict(
         rep=rep,
@@ -213,12 +222,15 @@ def rep_record(
             step_ms=step_ms,
         ),
         save=dict(
-            pause_ms=1000 * cut.pause_s,
-            freeze_ms=1000 * cut.freeze_s,
-            stop_ms=1000 * cut.stop_s,
-            stall_ms=stall_ms,
-            pause_in_decode_steps=(1000 * cut.pause_s / step_ms) if step_ms else None,
-            stall_in_decode_steps=stall_ms / step_ms if step_ms else None,
+            cut_ms=1000 * cut.cut_s,
+            gate_ms=1000 * cut.gate_s,
+            engine_tokens=cut.engine_tokens,
+            written_ms=1000 * unint.written_s,
+            after_window_ms=1000 * (killed.windows.end_s - killed.windows.gate_s),
+            **ours,
+            **{f"twin_{k}": v for k, v in twin.items()},
+            steps_lost_after_vs_twin=_minus(ours["steps_lost_after"], twin["steps_lost_after"]),
+            tok_s_around_vs_twin=_over(ours["around_vs_steady"], twin["around_vs_steady"]),
             save_s=unint.save_s,
             load_s=c.load_s,
             snapshot_bytes=unint.bytes,
@@ -253,6 +265,14 @@ def rep_record(
     )
 
 
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
 # --- the sweep -----------------------------------------------------------------------------------
 
 
@@ -280,6 +300,10 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         return (summary["modes"][m][k] or {}).get("median")
 
     save = summary["save"]
+
+    def med_save(k: str) -> Any:
+        return (save.get(k) or {}).get("median")
+
     summary["targets"] = {
         "continue_redone_decode_tokens_max": max(r["modes"]["continue"]["redone_decode_tokens"] for r in reps),
         "continue_redone_decode_tokens_target": 0,
@@ -297,9 +321,14 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         "continue_warm_vs_uninterrupted_median": med("continue", "warm_vs_uninterrupted"),
         "regenerate_vs_continue_warm_median": med("regenerate", "warm_vs_continue"),
         "regenerate_vs_continue_warm_cpu_median": med("regenerate", "warm_cpu_vs_continue"),
-        "pause_in_decode_steps_median": (save["pause_in_decode_steps"] or {}).get("median"),
-        "stall_in_decode_steps_median": (save["stall_in_decode_steps"] or {}).get("median"),
-        "stall_within_one_decode_step": ((save["stall_in_decode_steps"] or {}).get("median") or math.inf) <= 1.0,
+        "steps_lost_median": med_save("steps_lost"),
+        "steps_lost_target": TARGET_STEPS_LOST,
+        "steps_lost_met": (med_save("steps_lost") if med_save("steps_lost") is not None else math.inf)
+        <= TARGET_STEPS_LOST,
+        "steps_lost_after_median": med_save("steps_lost_after"),
+        "twin_steps_lost_after_median": med_save("twin_steps_lost_after"),
+        "steps_lost_after_vs_twin_median": med_save("steps_lost_after_vs_twin"),
+        "tok_s_around_vs_twin_median": med_save("tok_s_around_vs_twin"),
         "bytes_per_in_flight_token_excl_sampler_state_median": (
             save["bytes_per_in_flight_token_excl_sampler_state"] or {}
         ).get("median"),
@@ -448,8 +477,8 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| in flight | mean prefix | pause ms | stall ms (/ decode step) | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| in flight | mean prefix | cut ms; gate ms | decode steps lost per save: save window; after it (same windows, no save) | tok/s around the save: x steady (no save); save / no save | save s | load s | bytes / in-flight token (excl. sampler state) [token data only] | floor s (steps) | continue - floor s | regenerate / continue (steps; wall; CPU; warm wall) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in result["points"]:
         s = p["summary"]
@@ -459,7 +488,10 @@ def markdown(result: dict[str, Any]) -> str:
 
         c = s["modes"]["continue"]
         lines.append(
-            f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('pause_ms'), 1)} | {fmt(sv('stall_ms'), 1)} ({fmt(sv('stall_in_decode_steps'))}) | {fmt(sv('save_s'), 3)}"
+            f"| {p['num_in_flight']} | {p['mean_prefix']} | {fmt(sv('cut_ms'), 1)}; {fmt(sv('gate_ms'), 1)}"
+            f" | {fmt(sv('steps_lost'), 3)}; {fmt(sv('steps_lost_after'))} ({fmt(sv('twin_steps_lost_after'))})"
+            f" | {fmt(sv('around_vs_steady'))} ({fmt(sv('twin_around_vs_steady'))}); {fmt(sv('tok_s_around_vs_twin'))}"
+            f" | {fmt(sv('save_s'), 3)}"
             f" | {fmt(sv('load_s'), 3)} | {fmt(sv('bytes_per_in_flight_token'))} ({fmt(sv('bytes_per_in_flight_token_excl_sampler_state'))}) [{fmt(sv('token_data_bytes_per_token'), 3)}]"
             f" | {fmt((c['floor_s'] or {}).get('median'))} ({fmt((c.get('floor_steps') or {}).get('median'), 0)}) | {fmt((c['over_floor_s'] or {}).get('median'))}"
             f" | {fmt((s['modes']['regenerate'].get('steps_vs_continue') or {}).get('median'))}; {fmt((s['modes']['regenerate']['vs_continue'] or {}).get('median'))};"
@@ -489,10 +521,11 @@ def readme_table(result: dict[str, Any]) -> str:
     lines = [
         "| in flight x mean prefix | reps | engine steps: uninterrupted / continue / regenerate | wall s (warm engine):"
         " uninterrupted / continue / regenerate | continue / uninterrupted (wall) | regenerate / continue: decode"
-        " tokens; steps; warm wall | decode tokens redone: continue / regenerate | prompts lost by drop | engine stall"
-        " ms (decode steps) | save / cold load ms | bytes per in-flight token: token data; whole file without sampler"
-        " state | token-identical to uninterrupted, samples in flight at the cut: continue / noise floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " tokens; steps; warm wall | decode tokens redone: continue / regenerate | prompts lost by drop | decode steps"
+        " lost per save: save window; after it (no save) | tok/s around the save / without | save / cold load ms"
+        " | bytes per in-flight token: token data; whole file without sampler state | token-identical to"
+        " uninterrupted, samples in flight at the cut: continue / noise floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in result["points"]:
         s = p["summary"]
@@ -515,7 +548,8 @@ def readme_table(result: dict[str, Any]) -> str:
             f" | {m('regenerate', 'decode_tokens') / m('continue', 'decode_tokens'):.2f};"
             f" {m('regenerate', 'steps_vs_continue'):.2f}; {m('regenerate', 'warm_vs_continue'):.2f}"
             f" | {m('continue', 'redone_decode_tokens'):,.0f} / {m('regenerate', 'redone_decode_tokens'):,.0f}"
-            f" | {m('drop', 'prompts_lost'):.0f} | {sv('stall_ms'):.1f} ({sv('stall_in_decode_steps'):.2f})"
+            f" | {m('drop', 'prompts_lost'):.0f} | {fmt(sv('steps_lost'), 3)}; {fmt(sv('steps_lost_after'))}"
+            f" ({fmt(sv('twin_steps_lost_after'))}) | {fmt(sv('tok_s_around_vs_twin'))}"
             f" | {1000 * sv('save_s'):.0f} / {1000 * sv('load_s'):.0f}"
             f" | {sv('token_data_bytes_per_token'):.3f}; {sv('bytes_per_in_flight_token_excl_sampler_state'):.2f}"
             f" | {i['continue_identical']}/{n} / {i['noise_floor_identical']}/{n}{flag} |"
