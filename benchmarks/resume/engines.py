@@ -47,7 +47,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +61,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 import numpy as np
 
 from benchmarks.resume import engine_calls as calls
+from benchmarks.resume import report
 from benchmarks.resume.measure import first_divergence
 from benchmarks.resume.steps import Timeline, Windows, cost, windows
 from partial_rollout.snapshot import (
@@ -402,7 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = dict(
         benchmark="resume_engines",
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_before=os.getloadavg()),
-        commit=_commit(),
+        commit=report.short_commit(),
         config=dict(vars(args), model=model, out=str(args.out), engine_start_s=start_s),
         definitions=DEFINITIONS,
         save=[],
@@ -425,7 +425,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             cuts[n] = dict(point, _work=work)
             result["save"].append({k: v for k, v in point.items() if not k.startswith("_")})
             print(_save_line(result["save"][-1]), flush=True)
-            _write(args.out, result)
+            report.write_json(args.out, result)
         for n, m in args.elastic:
             if n not in cuts or m > most:
                 continue
@@ -441,11 +441,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             e.update(saved_on=n)
             result["elastic"].append(e)
             print(_elastic_line(e), flush=True)
-            _write(args.out, result)
+            report.write_json(args.out, result)
     finally:
         await pool.shutdown()
     result["machine"]["load_after"] = os.getloadavg()
-    _write(args.out, result)
+    report.write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     return result
 
@@ -515,18 +515,6 @@ def table(result: dict[str, Any]) -> str:
             f" {r['identical_to_uninterrupted']}/{r['in_flight']}{flag} |"
         )
     return "\n".join(rows)
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
-def _write(out: Path, result: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

@@ -608,6 +608,20 @@ def machine() -> dict[str, Any]:
     )
 
 
+def short_commit() -> str:
+    """This checkout's commit, short (empty outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def write_json(out: Path, result: dict[str, Any]) -> None:
+    """``result`` as ``out`` with a ``.json`` suffix, its folder made."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+
+
 def versions() -> dict[str, Any]:
     import torch
     import vllm

@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from benchmarks.resume import engine_calls as calls
+from benchmarks.resume import report
 from benchmarks.resume.steps import StepLog, Timeline, Windows, cost, windows
 from partial_rollout.ledger import TRAIN_STEP
 
@@ -215,7 +215,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         benchmark="resume_trainer_saves",
         command=" ".join(["python -m benchmarks.resume.trainer_saves", *sys.argv[1:]]),
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_before=os.getloadavg()),
-        commit=_commit(),
+        commit=report.short_commit(),
         config=dict(config=str(args.config), overrides=args.override, engines=args.engines, runs=args.runs),
         definitions=DEFINITIONS,
         points=[],
@@ -236,9 +236,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         result["points"].append(point)
         print(_line(point), flush=True)
-        _write(args.out, result)
+        report.write_json(args.out, result)
     result["machine"]["load_after"] = os.getloadavg()
-    _write(args.out, result)
+    report.write_json(args.out, result)
     return result
 
 
@@ -278,18 +278,6 @@ def table(result: dict[str, Any]) -> str:
             f" {_num(p['written_ms'], 1)} | {_list(p['steady_step_ms_per_engine'], 1)} |"
         )
     return "\n".join(rows)
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
-def _write(out: Path, result: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
