@@ -63,7 +63,7 @@ def _workload(seed: int, budgets: list[int]) -> Work:
 class _CountedRemote(RemoteEngine):
     """A real remote engine that counts the calls a pool makes to its actor for a cut (there must be none)."""
 
-    calls: list[str]
+    calls: list[str] = []  # noqa: RUF012 (reset by each cut that counts)
 
     async def cut(self) -> Cut:
         type(self).calls.append("cut")
