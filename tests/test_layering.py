@@ -34,9 +34,17 @@ the console script's entry point). The trainers may not: the command line import
 EXEMPT = {
     ("benchmarks.snapshot_io", "partial_rollout.engine.cut"): "times the engine's own cut on synthetic requests",
     ("benchmarks.snapshot_io", "partial_rollout.engine.live"): "builds the synthetic live requests it cuts",
+    ("benchmarks.resume.engine_calls", "partial_rollout.engine.factory"): "adds a stat logger timing each step",
+    ("benchmarks.resume.engine_calls", "partial_rollout.engine.progress"): "counts steps as the engine does",
+    ("benchmarks.resume.engine_calls", "partial_rollout.pool.cluster"): "places its recording actors as the pool does",
+    ("benchmarks.resume.engine_calls", "partial_rollout.pool.pool"): "its recording actor is the pool's own host",
+    ("benchmarks.steady.runs", "partial_rollout.engine.factory"): "plain vLLM from the config our engine uses",
+    ("benchmarks.steady.runs", "partial_rollout.pool.cluster"): "plain vLLM actors placed as the pool's are",
 }
 """Private imports allowed, with why: the frozen-window benchmark measures the engine adapter's
-internals without an engine (no public name should expose them)."""
+internals without an engine (no public name should expose them); the resume benchmark times each
+engine step, which needs a stat logger of its own in the engine the pool's actor starts; the
+steady-state benchmark's baseline is plain vLLM built and placed exactly as our engines are."""
 
 
 def _module(path: Path) -> str:

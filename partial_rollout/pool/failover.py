@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from partial_rollout.engine import Accumulated, Delta
 from partial_rollout.snapshot import SampleRecord, SampleState
@@ -62,8 +62,18 @@ def resume_from(received: Accumulated, *, seeded: str | None) -> SampleRecord | 
     return None if received.base is None and not received.num_tokens else held(received, seeded=seeded)
 
 
+@runtime_checkable
+class Followable(Protocol):
+    """A stream that can append its deltas to ``received`` itself (:class:`~partial_rollout.pool.transport.Followed`):
+    one wakeup per request instead of one per delta."""
+
+    async def into(self, received: Accumulated) -> SampleRecord: ...
+
+
 async def follow(items: AsyncIterator[Delta | SampleRecord], received: Accumulated) -> SampleRecord:
     """Consume a stream into ``received`` and return its finished record."""
+    if isinstance(items, Followable):
+        return await items.into(received)
     async for item in items:
         if isinstance(item, SampleRecord):
             return item

@@ -4,7 +4,8 @@ NeMo RL and verl run vLLM engines as Ray actors; a laptop runs one engine in-pro
 same code path here: every engine is a :class:`~partial_rollout.engine.ResumableEngine`
 (inside an actor, :class:`RemoteEngine` forwards each declared method to it), and the pool spreads
 requests over the engines by least outstanding work. A Ray-actor engine streams each request's
-tokens to the pool as it generates them, so the pool itself holds every request's prefix: a cut
+tokens to the pool as it generates them (all of an actor's requests through one channel,
+:mod:`~partial_rollout.pool.transport`), so the pool itself holds every request's prefix: a cut
 reads it here without a call to any actor (and takes an in-process engine's own cut), and when an
 actor dies the pool continues its requests on the engines left from the tokens received
 (:mod:`~partial_rollout.pool.failover`). A cut's samples are engine-agnostic (prefix, logprobs,
@@ -29,21 +30,25 @@ from partial_rollout.engine import (
     ResumableEngine,
     RolloutEngine,
 )
-from partial_rollout.pool import cluster, failover
+from partial_rollout.pool import cluster, failover, transport
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-class _EngineHost:
-    """The body of a Ray actor holding one engine."""
+class _EngineHost(transport.Host):
+    """The body of a Ray actor holding one engine: its methods by name (:meth:`call`), its requests through
+    the pool's channel (:class:`transport.Host`), or one Ray stream per request (:meth:`stream`)."""
 
     engine: ResumableEngine
 
     async def start(self, config: EngineConfig, options: dict[str, Any]) -> None:
         cluster.pin()  # before vLLM starts: its engine core's processes inherit the core group
         self.engine = await ResumableEngine.start(config, **options)
+
+    def hosted_engine(self) -> ResumableEngine:
+        return self.engine
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return await getattr(self.engine, method)(*args, **kwargs)
@@ -54,22 +59,11 @@ class _EngineHost:
             yield item
 
 
-def _one_line(exc: BaseException) -> str:
-    """An error of several lines (Ray's) as one: its kind and its last line, which says why."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1] if lines else 'no reason given'}"
-
-
-def _why(exc: BaseException) -> str:
-    """Why an engine's actor call failed: its actor died."""
-    return f"the engine's Ray actor died ({_one_line(exc)})"
-
-
 def _start_failure(exc: Exception) -> str:
     """One line: an actor that died while starting, or what its start raised (a bad config on every engine)."""
     from ray.exceptions import RayActorError
 
-    return _why(exc) if isinstance(exc, RayActorError) else _one_line(exc)
+    return transport.why_died(exc) if isinstance(exc, RayActorError) else transport.one_line(exc)
 
 
 class RemoteEngine:
@@ -77,6 +71,8 @@ class RemoteEngine:
 
     def __init__(self, actor: Any) -> None:
         self._actor = actor
+        self._channel = transport.Channel(actor) if transport.Channel.supported(actor) else None
+        """All requests of this engine through one channel, where the actor's class is a :class:`transport.Host`."""
 
     @property
     def actor(self) -> Any:
@@ -89,9 +85,9 @@ class RemoteEngine:
         try:
             return await self._actor.call.remote(method, *args, **kwargs)
         except RayActorError as exc:
-            raise failover.EngineDiedError(f"{method}: {_why(exc)}") from exc
+            raise failover.EngineDiedError(f"{method}: {transport.why_died(exc)}") from exc
 
-    async def stream(
+    def stream(
         self,
         request_id: str,
         prompt_token_ids: Sequence[int],
@@ -100,7 +96,26 @@ class RemoteEngine:
         index: int,
         resume_from: SampleRecord | None = None,
     ) -> AsyncIterator[Delta | SampleRecord]:
-        """:meth:`generate` with each request's new tokens delivered as they come (the pool holds the prefix)."""
+        """:meth:`generate` with the request's new tokens delivered as they come (the pool holds the prefix).
+
+        Deltas that piled up since the caller's last read come as one; the finished record comes last.
+        Raises what the request raised in the actor, or ``EngineDiedError`` (after every delta
+        received before the death) when the actor died.
+        """
+        if self._channel is not None:
+            return self._channel.stream(request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from)
+        return self._ray_stream(request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from)
+
+    async def _ray_stream(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        *,
+        index: int,
+        resume_from: SampleRecord | None = None,
+    ) -> AsyncIterator[Delta | SampleRecord]:
+        """A Ray stream of its own for one request: for an actor that is no :class:`transport.Host`."""
         from ray.exceptions import RayActorError
 
         refs = self._actor.stream.remote(
@@ -110,7 +125,7 @@ class RemoteEngine:
             async for ref in refs:
                 yield await ref
         except RayActorError as exc:
-            raise failover.EngineDiedError(f"{request_id}: {_why(exc)}") from exc
+            raise failover.EngineDiedError(f"{request_id}: {transport.why_died(exc)}") from exc
 
     async def generate(
         self,
@@ -167,6 +182,7 @@ class EnginePool:
         self._requests: dict[str, Accumulated] = {}
         """Every request submitted and not returned, with what its Ray engine streamed of it so far."""
         self._capabilities: Capabilities | None = None
+        self._asking: asyncio.Future[Capabilities] | None = None
         self.failover = failover.Tracker()
         """Requests on Ray-actor engines and what was received of them; set its ``on_failover`` to log failovers."""
 
@@ -274,7 +290,6 @@ class EnginePool:
         self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingSpec, received: Accumulated
     ) -> SampleRecord:
         index, resume_from = received.index, received.base
-        seeded = await self._seeded()
         while True:
             # what is left of the budget: a request moved after a failover brings the tokens received
             work = sampling.max_tokens - (0 if resume_from is None else resume_from.num_tokens) - received.num_tokens
@@ -284,11 +299,11 @@ class EnginePool:
                 raise failover.NoEngineLeftError(
                     f"{request_id}: all {len(self.engines)} engines of the pool have died"
                     f" ({'; '.join(self.failover.dead.values())}); save a checkpoint and restart with working engines",
-                    failover.held(received, seeded=seeded),
+                    failover.held(received, seeded=self._seeded_known()),
                 )
             i = min(alive, key=self._outstanding.__getitem__)
             engine = self.engines[i]
-            self._outstanding[i] += work
+            self._outstanding[i] += work  # placed before the first await (``placements``)
             self._placed[request_id] = i
             try:
                 if not isinstance(engine, RemoteEngine):
@@ -296,6 +311,7 @@ class EnginePool:
                         request_id, prompt_token_ids, sampling, index=index, resume_from=resume_from
                     )
                 self.failover.hold(i, request_id, received)
+                seeded = await self._seeded()
                 items = engine.stream(
                     request_id,
                     prompt_token_ids,
@@ -334,10 +350,26 @@ class EnginePool:
         return [r for r in results if not isinstance(r, BaseException)]
 
     async def _seeded(self) -> str | None:
-        """Why the pool cannot continue a seeded sample exactly (``None``: it can), asked of the engines once."""
+        """Why the pool cannot continue a seeded sample exactly (``None``: it can), asked of the engines once
+        (one question however many requests start together)."""
         if self._capabilities is None:
-            self._capabilities = await self.capabilities()
-        return None if self._capabilities.exact else (self._capabilities.reason or "not exact on this pool")
+            if self._asking is None:
+                self._asking = asyncio.ensure_future(self.capabilities())
+                self._asking.add_done_callback(self._asked)
+            await asyncio.shield(self._asking)  # its error, if it failed; a cancelled caller leaves it to the others
+        return self._seeded_known()
+
+    def _asked(self, asking: asyncio.Future[Capabilities]) -> None:
+        self._asking = None  # a failed question is asked again by the next request
+        if not asking.cancelled() and asking.exception() is None:
+            self._capabilities = asking.result()
+
+    def _seeded_known(self) -> str | None:
+        """:meth:`_seeded` from what the engines said so far, without asking (a cut, no engine left)."""
+        caps = self._capabilities
+        if caps is None:
+            return "the pool's engines were not asked whether they continue seeded samples exactly"
+        return None if caps.exact else (caps.reason or "not exact on this pool")
 
     async def cut(self) -> Cut:
         """Every request in flight on every engine, as this process holds it; no engine pauses, no actor is asked.
@@ -356,8 +388,7 @@ class EnginePool:
                 own = await engine.cut()
                 samples.update(own.samples)
                 tokens += own.engine_tokens
-        caps = self._capabilities
-        seeded = None if caps is None or caps.exact else (caps.reason or "not exact on this pool")
+        seeded = self._seeded_known()
         for rid, received in self._requests.items():
             if rid not in samples:
                 samples[rid] = failover.held(received, seeded=seeded)
@@ -381,6 +412,8 @@ class EnginePool:
     async def capabilities(self) -> Capabilities:
         """The weakest engine's: a cut is only as exact as its least capable engine."""
         caps = await self._each(lambda e: e.capabilities())
+        if not caps:
+            raise failover.EngineDiedError("capabilities: every engine of the pool has died")
         return min(caps, key=lambda c: (c.exact, c.verified_updates))
 
     async def progress(self) -> Progress:
