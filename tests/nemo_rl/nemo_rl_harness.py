@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONTROLLER_PYTHON = REPO / ".venv-nemo-rl" / "bin" / "python"
 ENGINE_PYTHON = REPO / ".venv" / "bin" / "python"
 """The project's ``.venv`` interpreter: the one the engine actors run with."""
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+"""pytest plugins for NeMo RL's own test run (:mod:`nemo_rl_virtual_clock`: its timed loops keep virtual time)."""
 
 SINGLE_CONTROLLER_TESTS = "tests/unit/single_controller"
 EXPECTED_PASSED = {
@@ -116,7 +118,9 @@ def run_unit_tests(
 
     ``extra_pythonpath`` goes on ``PYTHONPATH`` after the NeMo RL copy (so it cannot shadow NeMo RL),
     e.g. to make our integration importable while NeMo RL's own tests run. NeMo RL's ``addopts``
-    (``-x -s --durations=100``) are dropped so that every test runs and the output stays short.
+    (``-x -s --durations=100``) are dropped so that every test runs and the output stays short, and
+    :mod:`nemo_rl_virtual_clock` runs its timed event loops on virtual time (a loaded machine does
+    not fail them).
     ``patch`` (a ``git diff`` against NeMo RL's root) is applied to the copy first, and a copy it
     does not apply to fails the test; ``extra_modules`` are more test modules of
     :data:`SINGLE_CONTROLLER_TESTS` to run (e.g. ones the patch adds).
@@ -127,12 +131,13 @@ def run_unit_tests(
         apply_patch(copy, patch)
     junit = workdir / "junit.xml"
     files = [f"{SINGLE_CONTROLLER_TESTS}/{name}.py" for name in (*EXPECTED_PASSED, *extra_modules)]
-    command = [str(python), "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
+    command = [str(python), "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-p", "nemo_rl_virtual_clock"]
+    command += ["-q", f"--junitxml={junit}"]
     start = time.monotonic()
     result = subprocess.run(
         [*command, *files],
         cwd=copy,
-        env=controller_env([copy, *extra_pythonpath]),
+        env=controller_env([copy, *extra_pythonpath, PLUGINS]),
         capture_output=True,
         text=True,
         timeout=timeout_s,
