@@ -157,7 +157,7 @@ class StartEvent(TypedDict):
 
 
 class SaveEvent(TypedDict):
-    """``save``: a checkpoint's cut, where it stands in the log (the trainer adds its timings, e.g. ``stall_ms``)."""
+    """``save``: a checkpoint's cut, where it stands in the log (the trainer adds ``gate_ms``, ``cut_ms``)."""
 
     save_id: str
     """Id of the save; a ``resume`` from its checkpoint names it."""
