@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -234,6 +234,11 @@ def side_by_side(jobs: Mapping[str, Callable[[], T]]) -> dict[str, T]:
         with ThreadPoolExecutor(len(jobs)) as pool:
             futures = {name: pool.submit(job) for name, job in jobs.items()}
             try:
+                pending = set(futures.values())
+                while pending:  # a timed wait: Python raises a Ctrl-C only in the main thread, between
+                    # bytecodes, and the kernel may hand the signal to another thread, which leaves a
+                    # main thread blocked on a future asleep until the runs end (seen once in CI: 300 s)
+                    _, pending = wait(pending, timeout=0.5)
                 return {name: f.result() for name, f in futures.items()}
             except KeyboardInterrupt:
                 _interrupted.set()

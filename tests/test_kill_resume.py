@@ -130,8 +130,15 @@ def test_ctrl_c_while_runs_go_side_by_side_kills_every_session(tmp_path: Path) -
 
     threading.Thread(target=ctrl_c, daemon=True).start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        side_by_side({log.name: functools.partial(long_run, log) for log in logs})
+    # The kernel may hand a process's SIGINT to any thread not blocking it, and Python raises it only in
+    # the main thread: once in CI the main thread slept on a future until the runs timed out (300 s).
+    # Blocked here (the pool's threads inherit the mask), it can only go to the thread that sends it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            side_by_side({log.name: functools.partial(long_run, log) for log in logs})
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     assert time.monotonic() - started < 60
     assert not any(_alive(int(log.read_text().split()[0])) for log in logs)
     # the harness is usable again afterwards
