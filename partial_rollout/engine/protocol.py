@@ -64,7 +64,8 @@ class Progress:
     tokens_received: int = 0
     """Output tokens delivered since the engine started."""
     live_tokens: dict[str, int] = field(default_factory=dict)
-    """Tokens each running request has generated on this engine (a resumed prefix not counted)."""
+    """Tokens each running request has generated on this engine (a resumed prefix not counted); an
+    ``EnginePool`` gives those its process received of a Ray-actor engine's request, which its cut holds."""
     steps: int | None = None
     """Engine steps that produced outputs, when the engine counts them (``count_steps=True``)."""
     generation_tokens: int | None = None

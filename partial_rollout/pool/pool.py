@@ -417,10 +417,16 @@ class EnginePool:
         return min(caps, key=lambda c: (c.exact, c.verified_updates))
 
     async def progress(self) -> Progress:
+        """The engines' counters; a request on a Ray-actor engine counts the tokens this process received of it
+        (what a cut holds: the engine may be up to one poll of the channel ahead)."""
         parts = await self._each(lambda e: e.progress())
         live: dict[str, int] = {}
         for p in parts:
             live.update(p.live_tokens)
+        for rid, received in self._requests.items():
+            placed = self._placed.get(rid)
+            if placed is not None and isinstance(self.engines[placed], RemoteEngine):
+                live[rid] = received.num_tokens
         steps = [p.steps for p in parts]
         gen = [p.generation_tokens for p in parts]
         return Progress(
