@@ -7,7 +7,7 @@
 # after its snapshot is written, and a fresh engine that continues every saved prefix. It prints
 # what the probe found (runner module, sampler family, exactness), check-resume's verdict (token
 # identity of the continued samples against the uninterrupted run, next to the noise floor) and
-# the stall (decode steps lost to the cut and the snapshot's write, against the engine's step rate).
+# how long the cut and the write took and the decode steps the engine ran meanwhile (it is not paused).
 #
 # Usage, on a Linux x86_64 machine with one NVIDIA GPU and Python 3.12:
 #   bash scripts/gpu_check_v2.sh                  # vLLM 0.25.1 and 0.34.0, from the package index

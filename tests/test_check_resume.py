@@ -57,8 +57,8 @@ def test_check_resume_reports_exact_matches(tmp_path: Path, tiny_qwen2: Path) ->
     assert checked + declared == len(prefixes), (proc.stdout, prefixes)
     assert matched == checked and diverged == 0
     assert f"cut: {len(prefixes)} of 9 samples in flight with a prefix ({sum(prefixes)} prefix tokens)" in proc.stdout
-    stall = re.search(r"cut in [0-9.]+ ms, engine not paused: (-?[0-9.]+) decode steps lost", proc.stdout)
-    assert stall, proc.stdout  # measured against the engine's own step rate (no threshold here: benchmarks)
+    stall = re.search(r"cut in [0-9.]+ ms, engine not paused: it ran (\d+) decode steps from the cut", proc.stdout)
+    assert stall, proc.stdout  # what a save costs in steps is the benchmarks' to measure (no threshold here)
     assert "verdict: exact" in proc.stdout
 
 

@@ -12,8 +12,9 @@ Runs one workload in three processes, each with its own engine:
 
 It then compares each sample that was in flight with a prefix at the cut (the only ones that are
 *continued*) with the reference, token by token and logprob by logprob, next to the noise floor,
-and prints the first divergence of any that did not match, how long the cut took, and the engine decode
-steps lost to the cut and the snapshot's write (measured against the engine's step rate just before). Exit status 0
+and prints the first divergence of any that did not match, how long the cut and the snapshot's write
+took, and how many decode steps the engine ran meanwhile (what a save costs in steps is the
+benchmarks' to measure: ``benchmarks/resume/steps.py`` times each step on the engine's clock). Exit status 0
 when no continued sample diverged, or when they diverged no more often than the two uninterrupted
 runs did; 1 when continuing diverged more often (beyond the noise floor), or when no sample was in
 flight at the cut (nothing was checked).
@@ -45,8 +46,8 @@ from partial_rollout.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 _RESULT = "result.json"
 _STALL = "stall.json"
 STEADY_S = 0.25
-"""Seconds over which the cut role measures the engine's step rate before the cut, and lets it run after the
-snapshot's write before counting the steps it lost (a blocked event loop delays the engine's outputs, not its steps)."""
+"""Seconds the cut role lets the engine run after the snapshot's write before counting its steps since the cut
+(a blocked event loop delays the engine's outputs, not its steps)."""
 
 
 def _steps(earlier: Any, later: Any) -> int:
@@ -140,8 +141,6 @@ async def _role(args: argparse.Namespace) -> None:
         # polling: the engine's counters have no event to wait on
         while (await engine.progress()).tokens_received < target and not all(t.done() for t in tasks.values()):  # noqa: ASYNC110
             await asyncio.sleep(0.001)
-        before, t_before = await engine.progress(), time.perf_counter()
-        await asyncio.sleep(STEADY_S)  # the engine's steady step rate, just before the cut
         at, t_at = await engine.progress(), time.perf_counter()
         cut = await engine.cut()
         # everything of the workload: in flight or queued at the cut, or finished before it
@@ -164,11 +163,10 @@ async def _role(args: argparse.Namespace) -> None:
             metadata={"engine_tokens": cut.engine_tokens},
         )
         save_snapshot(snapshot, out)
-        await asyncio.sleep(STEADY_S)  # outputs the save held back are counted, not lost
-        after, t_after = await engine.progress(), time.perf_counter()
-        rate = _steps(before, at) / (t_at - t_before)
-        lost = rate * (t_after - t_at) - _steps(at, after)
-        (out / _STALL).write_text(json.dumps({"cut_s": cut.cut_s, "steps_lost": lost, "step_rate": rate}))
+        saved_s = time.perf_counter() - t_at
+        await asyncio.sleep(STEADY_S)  # the steps of outputs the write held back are counted too
+        steps = _steps(at, await engine.progress())
+        (out / _STALL).write_text(json.dumps({"cut_s": cut.cut_s, "saved_s": saved_s, "steps": steps}))
         print("SAVED", flush=True)
         await asyncio.sleep(3600)  # the parent kills this process (and its engine) now
     else:
@@ -287,8 +285,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"cut: {len(continued)} of {len(cut)} samples in flight with a prefix ({prefix} prefix tokens), {finished} "
         f"finished before it, {len(others) - finished} not started; cut in {stall['cut_s'] * 1000:.2f} ms, engine not "
-        f"paused: {stall['steps_lost']:.2f} decode steps lost to the cut and the snapshot's write "
-        f"(steady {stall['step_rate']:.0f} steps/s); "
+        f"paused: it ran {stall['steps']} decode steps from the cut to {STEADY_S} s after the snapshot's write "
+        f"({stall['saved_s'] * 1000:.0f} ms from the cut); "
         f"total {time.perf_counter() - started:.0f} s"
     )
     print(
