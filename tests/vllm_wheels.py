@@ -13,7 +13,8 @@ Everything read is cached under ``.cache/vllm-wheels/<version>/`` (``listing.jso
 at their paths under ``files/``), so a second run makes no request. Each cached member is checked
 against the listing's size and CRC-32 before use, and the listing against a digest of its own
 entries; a file that fails is read again. A network or index failure raises :class:`WheelError`,
-one line naming the release and the URL.
+one line naming the release and the URL, after :data:`RETRIES` tries spaced out (CI once lost its
+name resolution for a moment, mid-run: a blip, not a missing release, should not fail a test).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import json
 import os
 import struct
 import threading
+import time
+import urllib.error
 import urllib.request
 import zipfile
 import zlib
@@ -38,6 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "vllm-wheels"
 INDEX = "https://pypi.org/simple/vllm/"
 TIMEOUT_S = 60
+RETRIES = 5
+"""Tries of one request; a failure to connect or read waits 1, 2, 4, then 8 s before the next."""
 TAIL = 1 << 20
 """Bytes read at the end of a wheel in the first request: vLLM's central directory (about 0.7 MB for
 6,000 members) and its end record fit, so the listing costs one request."""
@@ -62,13 +67,33 @@ class Member:
     crc: int
 
 
+def _open(request: urllib.request.Request, expect: int) -> bytes:
+    """The body of ``request``'s answer, which must have status ``expect``; a network failure (no name
+    resolution, a reset, a timeout, a 5xx) is tried again, an answer of another status is not."""
+    for attempt in range(RETRIES):
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                if response.status != expect:
+                    raise WheelError(f"{request.full_url} answered {response.status}, expected {expect}")
+                body: bytes = response.read()
+                return body
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or attempt == RETRIES - 1:
+                raise
+        except OSError:  # urllib's URLError, timeouts, resets
+            if attempt == RETRIES - 1:
+                raise
+        time.sleep(2**attempt)
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
 @functools.cache
 def _index() -> dict[str, tuple[str, int]]:
     """PyPI's files of vLLM, read once per process: ``{filename: (url, size)}``."""
     request = urllib.request.Request(INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            return {f["filename"]: (f["url"], int(f.get("size") or 0)) for f in json.load(response)["files"]}
+        files = json.loads(_open(request, 200))["files"]
+        return {f["filename"]: (f["url"], int(f.get("size") or 0)) for f in files}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise WheelError(f"cannot read vLLM's file list from {INDEX}: {exc}") from exc
 
@@ -93,10 +118,9 @@ def _get(url: str, start: int, end: int, label: str) -> bytes:
     """Bytes ``[start, end)`` of the file at ``url``, in one HTTP Range request."""
     request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
-            if response.status != 206:  # a server ignoring Range would send the whole wheel
-                raise WheelError(f"{label}: {url} answered {response.status} to a Range request")
-            data = response.read()
+        data = _open(request, 206)  # a server ignoring Range would answer 200 with the whole wheel
+    except WheelError as exc:
+        raise WheelError(f"{label}: {exc} to a Range request") from exc
     except OSError as exc:  # urllib's URLError and HTTPError, timeouts, resets
         raise WheelError(f"{label}: cannot read {url}: {exc}") from exc
     if len(data) != end - start:
