@@ -42,10 +42,10 @@ def _checkpointer(run: Path, *, loader: Any = None, fresh: bool = False) -> Roll
 async def _first_run(run: Path, loader: StatefulDataLoader) -> tuple[RolloutCheckpointer, dict[str, Any]]:
     """Yield 3 prompts, finish one, save into ``step_1``; then the loader runs on past the cut."""
     ckpt = _checkpointer(run, loader=loader, fresh=True)
-    ckpt.start()
+    await ckpt.restore(None)
     prompts = iter(loader)
     for i in range(3):
-        ckpt.ledger.yield_group(f"e0:{i}", next(prompts), [SPEC])
+        ckpt.yield_group(f"e0:{i}", next(prompts), [SPEC])
     ckpt.ledger.dispatch("e0:0", policy_version=0)
     ckpt.ledger.finish("e0:0", sample(0, SampleState.FINISHED, 3, version=0, sampling=SPEC, reward=1.0))
     at_cut = loader.state_dict()
@@ -267,3 +267,60 @@ def test_the_staleness_policy_is_one_definition(tmp_path: Path) -> None:
         RolloutCheckpointer(None, fingerprints=FP)
     with pytest.raises(ValueError, match="needs fingerprints="):
         RolloutCheckpointer(None, events=tmp_path / "other.jsonl")
+
+
+def test_a_trainer_drives_the_run_through_the_checkpointer_alone(tmp_path: Path) -> None:
+    """Start, yield, train, evict and end on the checkpointer (no ``.ledger``): the audit reads a whole
+    run. A restart with nothing to resume is logged as a resume from nothing: the audit rolls the
+    earlier attempt back whole (none of its work was saved), rather than forgetting it as a start would."""
+    log = tmp_path / "events.jsonl"
+
+    async def first() -> None:
+        ckpt = _checkpointer(tmp_path, fresh=True)
+        assert (await ckpt.restore(None, step=0)).snapshot is None
+        for i in range(3):
+            ckpt.yield_group(f"e0:{i}", [5, i], [SPEC])
+        for i in range(2):
+            ckpt.ledger.dispatch(f"e0:{i}", policy_version=0)  # rollout() does these two on an engine
+            ckpt.ledger.finish(f"e0:{i}", sample(0, SampleState.FINISHED, 3, version=0, sampling=SPEC))
+        assert [g.group_id for g in ckpt.consume(["e0:0"], step=1)] == ["e0:0"]
+        assert ckpt.evict("e0:1", reason="too_stale").group_id == "e0:1"
+        ckpt.end(step=1)
+        ckpt.close()
+
+    async def restart() -> None:
+        again = _checkpointer(tmp_path)  # the same log, appended: it holds a run already
+        restored = await again.restore(None, step=0)
+        assert (restored.snapshot, restored.in_flight, restored.pending, restored.ready) == (None, [], [], [])
+        again.close()
+
+    asyncio.run(first())
+    report = audit(log)
+    assert report.complete and (report.yielded, report.trained, report.evicted) == (3, 1, 1)
+    assert (report.outstanding_at_end, report.lost, report.duplicated) == (1, 0, 0)
+    logged = len(list(read_events(log)))
+
+    asyncio.run(restart())
+    events = list(read_events(log))
+    assert [e["event"] for e in events if e["event"] in ("start", "resume", "end")] == ["start", "end", "resume"]
+    assert events[-1]["checkpoint"] is None and events[-1]["step"] == 0
+    (resume,) = audit(log).resumes
+    assert resume["save_id"] is None and resume["rolled_back_events"] == logged
+
+
+def test_a_frozen_window_thaws_when_its_body_raises(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ckpt = _checkpointer(tmp_path, fresh=True)
+        ckpt.yield_group("e0:0", [5, 6], [SPEC])
+        with pytest.raises(ValueError, match="the trainer's own failure"):
+            async with ckpt.frozen(engine=False) as window:
+                window.cut(tmp_path / "step_1", trainer_step=1, policy_version=0, states=KEEP)
+                raise ValueError("the trainer's own failure")
+        assert ckpt._open.is_set(), "the gate to the engine is open again"
+        async with ckpt.frozen(engine=False) as window:  # and the next checkpoint goes ahead
+            pending = window.cut(tmp_path / "step_2", trainer_step=2, policy_version=0, states=KEEP)
+        pending.write()
+        ckpt.close()
+
+    asyncio.run(scenario())
+    assert find_snapshot(tmp_path / "step_2").is_file()

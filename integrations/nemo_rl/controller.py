@@ -197,6 +197,7 @@ def controller_class() -> Any:
                 step=self._train_steps,
                 partial_rollouts=pr.config.enabled,
             )
+            assert restored.snapshot is not None, "restored from a folder"
             datums = pr.session.restore(
                 restored.snapshot, in_nemo_buffer=list(self._buffer._group_ids), redispatch=pr.config.enabled
             )

@@ -121,8 +121,9 @@ class GRPOLoop:
 
     # ---------------------------------------------------------------- resume
 
-    async def restore(self, folder: Path) -> None:
-        """Load the checkpointer's cut and re-take every permit the restored work holds.
+    async def restore(self, folder: Path | None) -> None:
+        """Load the checkpointer's cut and re-take every permit the restored work holds; ``None``: nothing
+        to resume (a fresh run, or a resumed one killed before its first checkpoint).
 
         None blocks: nothing else holds one yet."""
         partial = self.config.checkpointing.partial_rollouts
@@ -134,7 +135,10 @@ class GRPOLoop:
             is_stale=lambda group: group.dispatch_version < oldest,
             step=self.step,
             partial_rollouts=partial.enabled,
+            config=self.config.to_json(),
         )
+        if restored.snapshot is None:
+            return
         self.epoch = int(restored.snapshot.metadata.get("epoch", 0))
         held = len(restored.in_flight) + len(restored.ready)
         if held > self.config.async_rl.max_buffered_rollouts:
@@ -187,7 +191,7 @@ class GRPOLoop:
             await self._stop_without_engines(lost)
         # Restored continuations may still be running: the run stops at its last step without waiting for them.
         left = self.engine.live_engines if isinstance(self.engine, EnginePool) else None
-        self.ledger.record_end(step=self.step, running=progress.live_tokens, engines_left=left)
+        self.rollouts.end(step=self.step, running=progress.live_tokens, engines_left=left)
         return {
             "step": self.step,
             "rewards": self.rewards,
@@ -227,7 +231,7 @@ class GRPOLoop:
             seed=cfg.grpo.seed,
             min_tokens=cfg.data.min_tokens,
         )
-        self.ledger.yield_group(group_id, item["prompt_token_ids"], specs, data=item)
+        self.rollouts.yield_group(group_id, item["prompt_token_ids"], specs, data=item)
         return group_id
 
     async def _admit(self, group_id: str) -> None:
@@ -263,7 +267,7 @@ class GRPOLoop:
                 self.ready_changed.clear()
                 await self.ready_changed.wait()
                 continue
-            groups = self.ledger.consume([g.group_id for g in ready[:n]], step=self.step + 1)
+            groups = self.rollouts.consume([g.group_id for g in ready[:n]], step=self.step + 1)
             for _ in groups:
                 self.buffer_permits.release()
             metrics = await asyncio.to_thread(self.policy.train_step, groups)
@@ -293,7 +297,7 @@ class GRPOLoop:
         oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
         for group in list(self.ledger.groups(GroupState.READY)):
             if group.dispatch_version < oldest:
-                self.ledger.evict(group.group_id, reason="too_stale")
+                self.rollouts.evict(group.group_id, reason="too_stale")
                 self.buffer_permits.release()
 
     async def sync_weights(self) -> None:
@@ -435,11 +439,7 @@ async def run_training(
         )
         if restore_from is not None:
             await loop.sync_weights()
-            await loop.restore(restore_from)
-        elif resume:
-            ledger.record_resume(step=0, checkpoint=None)
-        else:
-            loop.rollouts.start(config=config.to_json())
+        await loop.restore(restore_from)
         if isinstance(engine, EnginePool):
             # An engine that dies hands its requests to the others: the log says so, after the start or
             # resume event (a death noticed earlier, one at start-up included, is told now).

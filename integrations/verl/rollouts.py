@@ -129,8 +129,7 @@ class DurableRollouts:
     async def _cut(self, folder: str, *, step: int, policy_version: int, hold: bool) -> PendingSnapshot:
         held_on = False
         try:
-            window = await self.checkpointer.freeze()
-            try:
+            async with self.checkpointer.frozen() as window:
                 tq = TqView.of(self._read_tq())
                 held = self.servers.held
                 self._forget = reconcile(self.ledger, held, tq, n=self._n, policy_version=policy_version, step=step)
@@ -139,10 +138,8 @@ class DurableRollouts:
                 captured = {**self.restored, **held}
                 samples = {request_id(*split_key(key)): sample.record for key, sample in captured.items()}
                 pending = window.cut(folder, trainer_step=step, policy_version=policy_version, samples=samples)
-                held_on = hold
-                return pending
-            finally:
-                await window.thaw()
+            held_on = hold
+            return pending
         finally:
             if not held_on:
                 await self.servers.thaw()
@@ -183,7 +180,8 @@ class DurableRollouts:
     # ---------------------------------------------------------------- resume
 
     def start(self, *, partial_rollouts: bool = True) -> None:
-        self.checkpointer.start(trainer="verl", partial_rollouts=partial_rollouts)
+        """A run verl loaded no checkpoint for: a fresh start, or a resume from nothing."""
+        self._run(self.checkpointer.restore(None, trainer="verl", partial_rollouts=partial_rollouts))
 
     def restore(self, folder: str, *, step: int, rollout: Mapping[str, Any], allow_vllm_change: bool = False) -> None:
         """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it.

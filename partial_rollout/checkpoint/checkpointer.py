@@ -10,20 +10,24 @@ last samples finished in the engine before the trainer heard of them. :class:`Ro
 does both, and runs samples so that a saved prefix is continued rather than regenerated::
 
     ckpt = RolloutCheckpointer(engine, events=run_dir / "events.jsonl", loader=loader)
-    restored = await ckpt.restore(folder)              # or ckpt.start() on a fresh run
-    ckpt.ledger.yield_group(group_id, prompt_ids, [spec] * n)
+    restored = await ckpt.restore(folder)              # folder=None: a run with nothing to resume
+    ckpt.yield_group(group_id, prompt_ids, [spec] * n)
     await ckpt.rollout(group_id, policy_version=v, reward=score)   # generate or continue, finish, settle
+    ckpt.consume(ready_group_ids, step=s)
     pending = await ckpt.save(folder, trainer_step=s, policy_version=v)
     await asyncio.to_thread(pending.write)             # logs save_written or save_failed itself
+    ckpt.end(step=s)
 
 Its :meth:`~RolloutCheckpointer.state_dict` / :meth:`~RolloutCheckpointer.load_state_dict` follow
 torch.distributed.checkpoint's ``Stateful`` protocol for what a trainer's own checkpoint holds
 (the ledger's manifest and the loader cursor of the last cut), so it drops into an existing
 checkpoint beside the model; the outstanding groups and their tokens are only in the snapshot.
 
-The pieces underneath (:class:`~partial_rollout.ledger.WorkLedger`,
-:class:`~partial_rollout.engine.RolloutEngine`) stay public for integrations that must split the
-protocol across threads or processes; :meth:`~RolloutCheckpointer.freeze` is the step between.
+A trainer drives this one object: the ledger's transitions a trainer makes (a prompt yielded, groups
+trained on or evicted, the run's end) are methods here. The pieces underneath
+(:attr:`~RolloutCheckpointer.ledger`, :class:`~partial_rollout.engine.RolloutEngine`) stay reachable
+for integrations that must split the protocol across threads or processes;
+:meth:`~RolloutCheckpointer.frozen` is the step between.
 """
 
 from __future__ import annotations
@@ -34,17 +38,18 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_on_stale
 from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
-from partial_rollout.engine import RolloutEngine
+from partial_rollout.engine import CheckpointableEngine
 from partial_rollout.errors import BadInputError, SnapshotError
 from partial_rollout.ledger import EventLog, GroupEntry, LedgerCut, WorkLedger, request_id
-from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, Snapshot
+from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec, Snapshot
 
 STATE_VERSION = 1
 """Version of :meth:`RolloutCheckpointer.state_dict`."""
@@ -82,8 +87,9 @@ class SampleOutcome:
 class Restored:
     """What a resume hands back to the trainer, by group id in yield order."""
 
-    snapshot: Snapshot
-    """The snapshot read (its ``trainer_step``, ``policy_version`` and ``metadata`` are the trainer's)."""
+    snapshot: Snapshot | None
+    """The snapshot read (its ``trainer_step``, ``policy_version`` and ``metadata`` are the trainer's);
+    ``None`` for a run restored from nothing."""
     in_flight: list[str]
     """Dispatched groups with samples to continue: run :meth:`RolloutCheckpointer.rollout` on each."""
     pending: list[str]
@@ -99,7 +105,7 @@ class RolloutCheckpointer:
 
     def __init__(
         self,
-        engine: RolloutEngine | None,
+        engine: CheckpointableEngine | None,
         *,
         ledger: WorkLedger | None = None,
         events: str | os.PathLike[str] | None = None,
@@ -109,7 +115,8 @@ class RolloutCheckpointer:
     ) -> None:
         """
         Args:
-            engine: where samples are generated; ``None`` for a ledger that only keeps records
+            engine: where samples are generated (it needs only :class:`CheckpointableEngine`'s three
+                methods); ``None`` for a ledger that only keeps records
                 (it can then save no in-flight work, and needs ``fingerprints``).
             ledger: the work ledger to use, or
             events: the path of the run's ``events.jsonl``, for a ledger of its own.
@@ -140,6 +147,41 @@ class RolloutCheckpointer:
             assert self.engine is not None, "checked in __init__"
             self._fingerprints = await self.engine.fingerprints()
         return self._fingerprints
+
+    # ---------------------------------------------------------------- the trainer's transitions
+
+    def yield_group(
+        self,
+        group_id: str,
+        prompt_token_ids: Sequence[int] | Any,
+        samplings: Sequence[SamplingSpec],
+        *,
+        data: dict[str, Any] | None = None,
+    ) -> GroupEntry:
+        """Record a prompt the loader just yielded, as a pending group of ``len(samplings)`` samples.
+
+        Call it in the loader's turn, before anything is awaited: a cut between the loader's step and
+        this call would hold a cursor past a prompt it does not hold.
+        """
+        return self.ledger.yield_group(group_id, prompt_token_ids, samplings, data=data)
+
+    def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupEntry]:
+        """Record that the trainer took these ready groups into training ``step``; returns them."""
+        return self.ledger.consume(group_ids, step=step)
+
+    def evict(self, group_id: str, *, reason: str) -> GroupEntry:
+        """Record that a group leaves without being trained on (``reason``: why, e.g. ``too_stale``)."""
+        return self.ledger.evict(group_id, reason=reason)
+
+    def end(self, *, step: int, running: Collection[str] | None = None, engines_left: int | None = None) -> None:
+        """Record that the run reached its end at training ``step``.
+
+        ``running``: the request ids the engine was still generating (default: those this
+        checkpointer submitted that have not returned), so an audit tells a continuation the end cut
+        short from one never resubmitted; ``engines_left``: for a pool, the engines alive.
+        """
+        live = self.running if running is None else running
+        self.ledger.record_end(step=step, running=live, engines_left=engines_left)
 
     # ---------------------------------------------------------------- generation
 
@@ -228,22 +270,29 @@ class RolloutCheckpointer:
         :meth:`PendingSnapshot.write`. A save of ``states`` without in-flight groups (the baseline
         that keeps only what trainers keep today) takes no engine cut at all.
         """
-        window = await self.freeze(engine=GroupState.IN_FLIGHT in states)
-        try:
+        async with self.frozen(engine=GroupState.IN_FLIGHT in states) as window:
             return window.cut(
                 folder, trainer_step=trainer_step, policy_version=policy_version, states=states, metadata=metadata
             )
+
+    @asynccontextmanager
+    async def frozen(self, *, engine: bool = True) -> AsyncIterator[FrozenWindow]:
+        """``async with ckpt.frozen() as window:`` cut the window (no ``await`` between), thawed on the way
+        out whatever happens.
+
+        For trainers that must read their own state in the cut's turn; :meth:`save` is this plus the
+        cut. The engine keeps generating throughout; the gate only holds back new requests, so that
+        every request it has is one the cut holds. ``engine=False`` opens a window over the ledger alone.
+        """
+        window = await self.freeze(engine=engine)
+        try:
+            yield window
         finally:
             await window.thaw()
 
     async def freeze(self, *, engine: bool = True) -> FrozenWindow:
-        """Close the gate to the engine and take its cut; cut the returned window without awaiting, then thaw it.
-
-        For trainers that must read their own state in the cut's turn; :meth:`save` is this plus
-        the cut and the thaw. The engine keeps generating throughout; the gate only holds back new
-        requests, so that every request it has is one the cut holds. ``engine=False`` opens a
-        window over the ledger alone.
-        """
+        """:meth:`frozen`'s window, for a trainer whose thaw must run elsewhere than where it cut (one that
+        lets its own save begin in the cut's turn, before the thaw is awaited); it must thaw it."""
         fingerprints = await self.fingerprints()
         requested = time.perf_counter()
         engine_cut = None
@@ -272,13 +321,9 @@ class RolloutCheckpointer:
 
     # ---------------------------------------------------------------- resume
 
-    def start(self, **fields: Any) -> None:
-        """Log a fresh start (an audit forgets everything before it); ``fields`` describe the run."""
-        self.ledger.record_start(**fields)
-
     async def restore(
         self,
-        folder: str | os.PathLike[str],
+        folder: str | os.PathLike[str] | None,
         *,
         allow_vllm_change: bool = False,
         on_stale: OnStale = "continue",
@@ -291,7 +336,11 @@ class RolloutCheckpointer:
         """Resume from the snapshot in ``folder``: load and check it, log the resume, restore the loader.
 
         Args:
-            folder: a checkpoint folder holding a snapshot this run's save wrote.
+            folder: a checkpoint folder holding a snapshot this run's save wrote; ``None`` when there is
+                nothing to resume: a run whose event log is empty is logged as a fresh start (an audit
+                forgets everything before it), one whose log holds an earlier attempt as a resume from
+                nothing (that attempt's work counts as lost, not forgotten). ``resume_fields``
+                describe the run either way; every other argument needs a snapshot and is unused.
             allow_vllm_change: resume a snapshot written under another vLLM version, its in-flight
                 samples declared inexact (off: such a resume fails naming both versions).
             on_stale: what to do with dispatched groups (in flight or ready) that ``is_stale``.
@@ -310,6 +359,12 @@ class RolloutCheckpointer:
                 one the trainer's own checkpoint names (:meth:`load_state_dict`).
         """
         check_on_stale(on_stale)
+        if folder is None:
+            if self.ledger.events is None or self.ledger.events.logged == 0:
+                self.ledger.record_start(**resume_fields)
+            else:
+                self.ledger.record_resume(checkpoint=None, **resume_fields)
+            return Restored(snapshot=None, in_flight=[], pending=[], ready=[])
         expect = await self.fingerprints() if check_fingerprints else None
         snapshot = self.ledger.load(folder, expect=expect, allow_vllm_change=allow_vllm_change, check=check)
         if self._expected_save_id is not None and self.ledger.last_save_id != self._expected_save_id:

@@ -1,6 +1,7 @@
 """The engine adapter: one vLLM engine whose in-flight requests survive a checkpoint.
 
-Trainers depend on :class:`RolloutEngine` only. :class:`ResumableEngine` is one vLLM engine in this
+Trainers depend on :class:`RolloutEngine` only (the checkpointer on three of its methods,
+:class:`CheckpointableEngine`). :class:`ResumableEngine` is one vLLM engine in this
 process. An engine someone else starts (a trainer's own vLLM worker) is started from
 :func:`with_worker_hooks` and taken over with :meth:`ResumableEngine.attach`; where that worker
 already has its own worker extension, the trainer mixes :class:`WorkerHooks` into it (vLLM takes one
@@ -10,13 +11,14 @@ extension class). Many engines behind the same interface, in Ray actors, are the
 
 from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.engine.factory import EngineConfig
-from partial_rollout.engine.protocol import Capabilities, Cut, Delta, Progress, RolloutEngine
+from partial_rollout.engine.protocol import Capabilities, CheckpointableEngine, Cut, Delta, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine, with_worker_hooks
 from partial_rollout.engine.vllm_internals import WorkerHooks
 
 __all__ = [
     "Accumulated",  # public for partial_rollout.pool, a layer above, which keeps what a Ray engine streamed
     "Capabilities",
+    "CheckpointableEngine",
     "Cut",
     "Delta",
     "EngineConfig",

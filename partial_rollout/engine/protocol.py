@@ -104,8 +104,10 @@ class Delta:
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """What a trainer needs from an engine to generate and to lose nothing at a checkpoint."""
+class CheckpointableEngine(Protocol):
+    """The engine methods a :class:`~partial_rollout.checkpoint.RolloutCheckpointer` calls: generate (or
+    continue) a sample, cut what is in flight, and say what a snapshot must be resumed with. A
+    framework whose engine lives elsewhere (a server, another process) implements these three."""
 
     async def generate(
         self,
@@ -131,15 +133,20 @@ class RolloutEngine(Protocol):
         """
         ...
 
+    async def fingerprints(self) -> Fingerprints:
+        """The model, tokenizer and vLLM a snapshot of this engine's work must be resumed with."""
+        ...
+
+
+@runtime_checkable
+class RolloutEngine(CheckpointableEngine, Protocol):
+    """What a trainer needs from an engine to generate, update its weights and lose nothing at a checkpoint."""
+
     async def update_weights(self, weights_dir: str, policy_version: int) -> None:
         """Load new weights; requests in flight continue under them, tokens after this are ``policy_version``.
 
         The one place an engine pauses: the tokens sampled before the load keep the old version.
         """
-        ...
-
-    async def fingerprints(self) -> Fingerprints:
-        """The model, tokenizer and vLLM a snapshot of this engine's work must be resumed with."""
         ...
 
     async def capabilities(self) -> Capabilities:

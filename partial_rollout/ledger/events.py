@@ -258,6 +258,11 @@ class EventLog:
         self._seq = sum(1 for _ in read_events(self.path))
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
 
+    @property
+    def logged(self) -> int:
+        """Events in the log: those it held when opened and those appended since."""
+        return self._seq
+
     def append(self, event: EventKind, *, durable: bool = False, **fields: Any) -> dict[str, Any]:
         """Write one event and flush it; ``durable=True`` also fsyncs the file.
 
