@@ -9,7 +9,7 @@ editing NeMo RL's files:
   :data:`EXTENSION` (NeMo RL's worker extension and ours in one class: vLLM takes one), and once
   NeMo RL's ``post_init_async`` ran, :meth:`ResumableEngine.attach` takes over its ``AsyncLLM``.
   Requests the controller's session sends through :meth:`~PartialRolloutVllmWorkerImpl.call` are
-  named (``request_id`` of group and sample), seeded (:func:`~.session.sample_seed`), may continue
+  named (``request_id`` of group and sample), seeded (:func:`partial_rollout.snapshot.sample_seed`), may continue
   a saved prefix, and come back with per-token logprobs and policy versions, streamed to the
   controller's pool as they are generated: the controller's cut reads what it received (no worker
   pauses, none is asked). ``fingerprints`` and the engine's own ``cut`` are Ray methods of the worker.

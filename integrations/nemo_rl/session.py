@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +40,7 @@ from partial_rollout.snapshot import (
     SampleState,
     SamplingSpec,
     Snapshot,
+    sample_seed,
 )
 from partial_rollout_integrations.nemo_rl import datum as datum_codec
 from partial_rollout_integrations.nemo_rl import turns
@@ -104,13 +104,6 @@ CURRENT_SAMPLE: contextvars.ContextVar[SampleContext | None] = contextvars.Conte
 )
 """Set by the rollout wrapper around each sample's rollout; read by the generation backend, which
 NeMo RL calls with token ids only."""
-
-
-def sample_seed(base_seed: int, group_id: str, index: int, turn: int = 0) -> int:
-    """A per-sample, per-turn sampler seed: seeded sampling is what makes a continuation reproducible."""
-    key = f"{base_seed}:{group_id}:{index}" + (f":{turn}" if turn else "")
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 @dataclass(frozen=True, slots=True)

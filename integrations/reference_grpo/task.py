@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from partial_rollout.snapshot import SamplingSpec
+from partial_rollout.snapshot import SamplingSpec, sample_seed
 from partial_rollout_integrations.reference_grpo.config import DataConfig
 
 MARKER = 400
@@ -66,8 +66,9 @@ def reward(item: dict[str, Any], token_ids: np.ndarray, *, num_buckets: int, rew
 def sampling_specs(
     item: dict[str, Any], group_id: str, *, n: int, temperature: float, seed: int, min_tokens: int
 ) -> list[SamplingSpec]:
-    """One seeded spec per sample. The seed and the budget derive from the run seed, the group id
-    and the index, so a regenerated or resumed sample draws from the same stream as the original."""
+    """One seeded spec per sample. The seed (the library's :func:`sample_seed`) and the budget derive from
+    the run seed, the group id and the index, so a regenerated or resumed sample draws from the same
+    stream as the original."""
     specs = []
     for i in range(n):
         digest = hashlib.sha256(f"{seed}/{group_id}/{i}".encode()).digest()
@@ -77,7 +78,7 @@ def sampling_specs(
                 max_tokens=max(min_tokens, round(item["max_tokens"] * share)),
                 temperature=temperature,
                 ignore_eos=True,
-                seed=int.from_bytes(digest[:4], "little") & 0x7FFFFFFF,
+                seed=sample_seed(seed, group_id, i),
             )
         )
     return specs

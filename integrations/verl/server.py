@@ -15,8 +15,9 @@ on a :class:`~partial_rollout.engine.ResumableEngine`, and keeps each sample by 
   :meth:`thaw`, so verl stores nothing the snapshot holds unfinished;
 - a request carrying ``resume_from`` (a sample of a snapshot) continues that record.
 
-verl sends no seed; each sample gets one derived from the run's seed and its key
-(:func:`~.wire.derived_seed`), so continuations are exact where the engine's exactness rules say so.
+verl sends no seed; each sample gets the library's seed of its identity, the run's seed, verl's uid and
+the sample's index (:func:`partial_rollout.snapshot.sample_seed`), so continuations are exact where the
+engine's exactness rules say so.
 This module imports no verl: the server runs where vLLM is (on a CPU machine, the project's
 ``.venv``).
 """
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from partial_rollout.engine import Capabilities, EngineConfig, Progress, ResumableEngine
-from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec
-from partial_rollout_integrations.verl.wire import HeldSample, ServerOutput, derived_seed, split_key
+from partial_rollout.snapshot import Fingerprints, SampleRecord, SampleState, SamplingSpec, sample_seed
+from partial_rollout_integrations.verl.wire import HeldSample, ServerOutput, split_key
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def sampling_spec(params: Mapping[str, Any], *, key: str | None, seed: int, resp
     temperature = float(params.get("temperature", 1.0))
     request_seed = params.get("seed")
     if request_seed is None and key is not None and temperature > 0:
-        request_seed = derived_seed(seed, key)
+        request_seed = sample_seed(seed, *split_key(key))
     top_k = int(params.get("top_k", -1))
     return SamplingSpec(
         max_tokens=int(params.get("max_tokens", params.get("max_new_tokens", response_length))),

@@ -7,7 +7,6 @@ Only these plain types, and the library's records, travel between them.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,17 +30,6 @@ def sample_key(uid: str, session_id: int) -> str:
 def trajectory_key(key: str) -> str:
     """The TransferQueue key verl stores sample ``key``'s (single-turn) trajectory under."""
     return f"{key}_0"
-
-
-def derived_seed(base: int, key: str) -> int:
-    """A per-sample sampler seed from the run's seed and the sample's identity.
-
-    verl sends no seed; a seeded request is one the engine continues from its seed and its tokens, so
-    a sample continued after an abort or a restart draws what it would have drawn uninterrupted
-    (where the engine's sampler family continues seeded samples).
-    """
-    digest = hashlib.sha256(f"{base}:{key}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 @dataclass(kw_only=True)

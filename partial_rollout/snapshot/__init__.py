@@ -19,7 +19,7 @@ from partial_rollout.snapshot.fingerprints import Fingerprints
 from partial_rollout.snapshot.layout import FORMAT_NAME, FORMAT_VERSION
 from partial_rollout.snapshot.paths import SNAPSHOT_FILENAME, find_snapshot, snapshot_path
 from partial_rollout.snapshot.reader import SnapshotReader, load_snapshot
-from partial_rollout.snapshot.sampling import SamplingSpec
+from partial_rollout.snapshot.sampling import SamplingSpec, sample_seed
 from partial_rollout.snapshot.schema import GroupRecord, GroupState, SampleRecord, SampleState, Snapshot
 from partial_rollout.snapshot.writer import save_snapshot
 
@@ -38,6 +38,7 @@ __all__ = [
     "find_snapshot",
     "load_snapshot",
     "read_header",
+    "sample_seed",
     "save_snapshot",
     "snapshot_path",
 ]

@@ -12,6 +12,7 @@ inside an engine call.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,20 @@ from partial_rollout.snapshot._checks import INT64_MAX, INT64_MIN, canonical_jso
 
 GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (vLLM's own threshold)."""
+
+
+def sample_seed(run_seed: int, group_id: str, index: int, turn: int = 0) -> int:
+    """The sampler seed of sample ``index`` of group ``group_id`` (its ``turn``-th generation, for a
+    multi-turn sample): one rule for every trainer.
+
+    A seeded request is one an engine can continue exactly from its seed and its tokens, so a
+    sample regenerated or continued after a restart draws what it would have drawn uninterrupted;
+    deriving the seed from the sample's identity (not from a counter) keeps it the same however the
+    restart reordered the work. 63 bits of BLAKE2b, so that it fits every engine's signed 64-bit seed.
+    """
+    key = f"{run_seed}:{group_id}:{index}" + (f":{turn}" if turn else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & INT64_MAX
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
