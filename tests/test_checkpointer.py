@@ -281,8 +281,8 @@ def test_a_trainer_drives_the_run_through_the_checkpointer_alone(tmp_path: Path)
         for i in range(3):
             ckpt.yield_group(f"e0:{i}", [5, i], [SPEC])
         for i in range(2):
-            ckpt.ledger.dispatch(f"e0:{i}", policy_version=0)  # rollout() does these two on an engine
-            ckpt.ledger.finish(f"e0:{i}", sample(0, SampleState.FINISHED, 3, version=0, sampling=SPEC))
+            ckpt.dispatch(f"e0:{i}", policy_version=0)
+            ckpt.ledger.finish(f"e0:{i}", sample(0, SampleState.FINISHED, 3, version=0, sampling=SPEC))  # rollout()'s
         assert [g.group_id for g in ckpt.consume(["e0:0"], step=1)] == ["e0:0"]
         assert ckpt.evict("e0:1", reason="too_stale").group_id == "e0:1"
         ckpt.end(step=1)

@@ -238,7 +238,7 @@ class GRPOLoop:
         await self.buffer_permits.acquire()
         await self.inflight_permits.acquire()
         await self.rollout_permitted.wait()
-        self.ledger.dispatch(group_id, self.version)
+        self.rollouts.dispatch(group_id, policy_version=self.version)
         self._spawn(self._generate(group_id))
 
     async def _generate(self, group_id: str) -> None:

@@ -165,6 +165,11 @@ class RolloutCheckpointer:
         """
         return self.ledger.yield_group(group_id, prompt_token_ids, samplings, data=data)
 
+    def dispatch(self, group_id: str, *, policy_version: int) -> GroupEntry:
+        """Record that a pending group goes to the engine under ``policy_version``, for a trainer that
+        dispatches in one turn and runs it later (:meth:`rollout` dispatches a pending group itself)."""
+        return self.ledger.dispatch(group_id, policy_version)
+
     def consume(self, group_ids: Iterable[str], *, step: int) -> list[GroupEntry]:
         """Record that the trainer took these ready groups into training ``step``; returns them."""
         return self.ledger.consume(group_ids, step=step)
