@@ -1,4 +1,4 @@
-"""verl 0.9.1's own V1 trainer killed twice and resumed, with the flag on and off, on the CPU harness.
+"""verl 0.9.1's own V1 trainer killed and resumed, with the flag on and off, on the CPU harness.
 
 Each run is ``tests/verl/cpu_run.py`` in verl's environment (``.venv-verl``): verl's trainer loop,
 TransferQueue, replay buffer, agent loops, async client and router, with the CPU stand-ins of
@@ -8,7 +8,10 @@ committed, from step 2 on (flag on: the first one holding samples in flight with
 resumes from it with verl's ``resume_mode=auto`` and is killed after a checkpoint of its own. On the
 ``colocate_async`` side a third run is killed inside its next save, after our snapshot and verl's
 TransferQueue save and before verl's ``latest_checkpointed_iteration.txt``: every checkpoint already
-committed stays byte for byte as it was, and the last run resumes from the previous one again.
+committed stays byte for byte as it was, and the last run resumes from the previous one again. The
+flag-off and ``separate_async`` sides are killed once each (a verl run's start-up is most of its cost
+on this 2-core machine, and the second kill's case, a checkpoint holding restored work, is the
+flag-on side's).
 
 Flag on: the work ledger's audit over both restarts finds every prompt trained once (0 lost, 0
 duplicated, 0 stranded) and tokens continued from saved prefixes; every sample a snapshot held in
@@ -16,7 +19,9 @@ flight finishes from its whole prefix (its finish event continues exactly the sa
 when the run's last steps do not reach it, is held by the next checkpoint beginning with its saved
 tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
 snapshot hold the same groups unfinished and the same samples finished; and a resume under another
-temperature than the snapshot's, or with another model, is refused in one line (exit status 3). The same holds on the
+temperature than the snapshot's is refused at verl's own checkpoint load in one line (exit status 3;
+another model fails the same load's fingerprint check, the library's: ``tests/test_snapshot_integrity.py``).
+The same holds on the
 ``separate_async`` trainer with standalone servers (a third run, side by side), whose policy steps
 change no weight so that each continued sample can be compared, as the loss reads it, with the
 same sample drawn uninterrupted on a fresh float32 engine: token for token. Flag off, with
@@ -128,20 +133,21 @@ class Side:
     outputs: list[str]
     """Each run's output, in order."""
     killed: list[int]
-    """The steps after whose committed checkpoints the first two runs were killed."""
+    """The steps after whose committed checkpoints the first runs were killed."""
     uncommitted: int | None = None
     """The step inside whose save a third run was killed, before verl's commit point (``before_commit``)."""
 
 
-def _kill_twice(
+def _kill_and_resume(
     run_dir: Path,
     overrides: Sequence[str],
     *,
+    kills: int = 2,
     after_first_kill: Callable[[int], None] | None = None,
     before_commit: bool = False,
 ) -> Side:
     """A run killed after the first checkpoint from step 2 on (flag on: holding tokens in flight), resumed
-    and killed after its own next checkpoint, then resumed to the end.
+    (with ``kills=2``, killed after its own next checkpoint and resumed again), then resumed to the end.
 
     ``after_first_kill(step)`` runs before the first resume, while the killed checkpoint is untouched.
     ``before_commit``: the second resume is killed inside its next save, between our snapshot and
@@ -151,7 +157,7 @@ def _kill_twice(
     checkpoints = run_dir / "checkpoints"
     outputs: list[str] = []
     killed: list[int] = []
-    for run in range(2):
+    for run in range(kills):
         step, out = _run_killed(run_dir, overrides, (EXIT_AFTER_SAVE, killed[-1] + 1 if killed else 2))
         print(f"{run_dir.name}: killed after the checkpoint of step {step}")
         killed.append(step)
@@ -188,8 +194,8 @@ class Runs:
     off: Side
     separate: Side
     """Flag on, ``trainer.v1.trainer_mode=separate_async`` with standalone servers."""
-    refused: dict[str, Refused]
-    """Resumes of copies of the flag-on run's first kill under another temperature, and another model."""
+    refused: Refused
+    """A resume of a copy of the flag-on run's first kill under another temperature."""
 
 
 @pytest.fixture(scope="module")
@@ -198,65 +204,51 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     its checkpoint: a verl run spends much of its time starting Ray, verl and the engine, or waiting
     on a long sample, and kept this 2-core machine about 60% busy."""
     root = tmp_path_factory.mktemp("verl_kill")
-    with ThreadPoolExecutor(5) as pool:
-        refused: dict[str, Future[Refused]] = {}
+    with ThreadPoolExecutor(4) as pool:
+        refused: list[Future[Refused]] = []
 
         def copy_then_resume(step: int) -> None:
-            """Copy the killed checkpoint before the run resumes from it, then resume each copy changed."""
+            """Copy the killed checkpoint before the run resumes from it, then resume the copy changed."""
             killed = root / "on" / "checkpoints" / f"global_step_{step}"
-            model = Path(load_snapshot(killed).fingerprints.model_path)
-            changed = root / "changed_model"
-            shutil.copytree(model, changed)
-            config = json.loads((changed / "config.json").read_text())
-            config["rms_norm_eps"] *= 10  # the same weights load; the model computes another distribution
-            (changed / "config.json").write_text(json.dumps(config, indent=2))
-            for name, change in (
-                ("temperature", "actor_rollout_ref.rollout.temperature=0.7"),
-                ("model", f"actor_rollout_ref.model.path={changed}"),
-            ):
-                bad = root / name / "checkpoints"
-                shutil.copytree(killed, bad / killed.name)
-                (bad / LATEST).write_text(str(step))
-                refused[name] = pool.submit(
-                    lambda bad=bad, change=change: (bad.parent, step, *_run(bad.parent, [ON, change]))
-                )
+            bad = root / "temperature" / "checkpoints"
+            shutil.copytree(killed, bad / killed.name)
+            (bad / LATEST).write_text(str(step))
+            change = "actor_rollout_ref.rollout.temperature=0.7"
+            refused.append(pool.submit(lambda: (bad.parent, step, *_run(bad.parent, [ON, change]))))
 
-        on = pool.submit(_kill_twice, root / "on", [ON], after_first_kill=copy_then_resume, before_commit=True)
-        off = pool.submit(_kill_twice, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"])
-        separate = pool.submit(_kill_twice, root / "separate", [ON, *SEPARATE])
-        return Runs(
-            on=on.result(),
-            off=off.result(),
-            separate=separate.result(),
-            refused={name: future.result() for name, future in refused.items()},
+        on = pool.submit(_kill_and_resume, root / "on", [ON], after_first_kill=copy_then_resume, before_commit=True)
+        off = pool.submit(
+            _kill_and_resume, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"], kills=1
         )
+        separate = pool.submit(_kill_and_resume, root / "separate", [ON, *SEPARATE], kills=1)
+        on_side = on.result()
+        (refusal,) = refused
+        return Runs(on=on_side, off=off.result(), separate=separate.result(), refused=refusal.result())
 
 
 def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
-    killed = _assert_killed_twice_continued(runs.on, "flag on (colocate_async)")
+    killed = _assert_killed_and_continued(runs.on, "flag on (colocate_async)")
+    assert len(killed) == 2
     assert runs.on.uncommitted == killed[-1] + 1
     assert "killed_before_commit" not in runs.on.outputs[-1]
 
-    # The first kill's checkpoint resumed under another temperature than its samples were drawn at, or
-    # with another model: refused at verl's own checkpoint load, in one line naming the snapshot and
-    # the field, before anything is restored.
-    for name, field in (("temperature", ".sampling.temperature: "), ("model", ": fingerprints.model: ")):
-        bad, step, rc, out = runs.refused[name]
-        assert step == killed[0]
-        (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
-        assert rc == 3, out[-4000:]
-        snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
-        assert line.startswith(f"partial-rollout: {snapshot}: "), line
-        assert field in line, line
-        print(f"resumed with another {name}: {line}")
-    (line,) = [x for x in runs.refused["temperature"][3].splitlines() if x.startswith("partial-rollout: ")]
-    assert "actor_rollout_ref.rollout.temperature=0.7" in line, line
+    # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
+    # refused at verl's own checkpoint load, in one line naming the snapshot and the field, before
+    # anything is restored.
+    bad, step, rc, out = runs.refused
+    assert step == killed[0]
+    (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
+    assert rc == 3, out[-4000:]
+    snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
+    assert line.startswith(f"partial-rollout: {snapshot}: "), line
+    assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line
+    print(f"resumed with another temperature: {line}")
 
 
-def test_separate_async_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
+def test_separate_async_killed_and_resumed_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
     """The same on verl's separate_async trainer, whose standalone servers generate through training:
     its save aborts them around the cut and verl's TransferQueue save, so the two still agree."""
-    _assert_killed_twice_continued(runs.separate, "flag on (separate_async)")
+    _assert_killed_and_continued(runs.separate, "flag on (separate_async)")
 
 
 def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs: Runs) -> None:
@@ -308,8 +300,8 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
     print(f"separate_async: {len(cases)} samples continued across a kill, {tokens} tokens, as drawn uninterrupted")
 
 
-def _assert_killed_twice_continued(side: Side, name: str) -> list[int]:
-    """A flag-on run killed twice: nothing lost, every saved prefix continued; returns the killed steps.
+def _assert_killed_and_continued(side: Side, name: str) -> list[int]:
+    """A flag-on run killed and resumed: nothing lost, every saved prefix continued; returns the killed steps.
 
     A run killed inside a save (``side.uncommitted``) is resumed from the checkpoint before: the
     samples of that checkpoint are checked after its last resume, the one whose work training kept.
@@ -469,7 +461,7 @@ def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
     from partial_rollout_integrations.verl import demo as verl_demo
 
     run_dir, outputs, killed = runs.off.folder, runs.off.outputs, runs.off.killed
-    assert killed == [2, 3], "flag off, a run is killed after the checkpoint it is told"
+    assert killed == [2], "flag off, a run is killed after the checkpoint it is told"
     for out in outputs[1:]:
         assert "Resuming from" in out, "a killed run must resume from its checkpoint"
     checkpoints = run_dir / "checkpoints"
@@ -477,7 +469,7 @@ def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
     ledger = checkpoints / "partial_rollouts"
     report = audit(ledger / "events.jsonl")
     assert report.complete, "the recorded run reached its end"
-    assert [r["step"] for r in report.resumes] == killed, "the audit sees both resumes, from the killed checkpoints"
+    assert [r["step"] for r in report.resumes] == killed, "the audit sees the resume, from the killed checkpoint"
 
     # verl's own count: "Re-issued N in-flight prompts for step S; cleared C old trajectories", at each resume.
     verl_counts = {int(s): (int(p), int(c)) for out in outputs[1:] for p, s, c in REISSUED.findall(out)}
@@ -502,8 +494,8 @@ def test_flag_off_measures_what_verl_regenerates(runs: Runs) -> None:
     print(
         f"flag off (recorded): yielded {report.yielded}, trained {report.trained}, lost {report.lost},"
         f" duplicated {report.duplicated}, stranded {report.stranded}, tokens regenerated"
-        f" {report.tokens_regenerated}; verl re-issued {groups} in-flight groups from scratch over the 2"
-        f" resumes, deleting {siblings} finished siblings"
+        f" {report.tokens_regenerated}; verl re-issued {groups} in-flight groups from scratch at the"
+        f" resume, deleting {siblings} finished siblings"
     )
 
     # The demo's table of both runs, from these runs' own event logs (partial-rollout demo --trainer verl).
