@@ -113,10 +113,18 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
             for rid, (prompt, spec) in work.items():  # staggered starts: cuts land at many K
                 tasks[rid] = asyncio.ensure_future(engine.generate(rid, prompt, spec, index=0))
                 await asyncio.sleep(0.01)
-            cuts = []
-            for delay in (0.05, 0.15):
-                await asyncio.sleep(delay)
-                cuts.append(await engine.cut())
+
+            # The first cut once every request has tokens (on a loaded machine a fixed delay caught
+            # some with none, and the declarations below had nothing to declare), the second later.
+            async def every_request_has_tokens() -> bool:
+                live = (await engine.progress()).live_tokens
+                return all(tasks[rid].done() or live.get(rid, 0) > 0 for rid in work)
+
+            while not await every_request_has_tokens():  # noqa: ASYNC110 - the engine's counters: no event to wait on
+                await asyncio.sleep(0.01)
+            cuts = [await engine.cut()]
+            await asyncio.sleep(0.15)
+            cuts.append(await engine.cut())
             return alone, {rid: await t for rid, t in tasks.items()}, cuts
         finally:
             await engine.shutdown()
