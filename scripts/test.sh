@@ -7,13 +7,15 @@
 # where that exists) and skip otherwise; verl comes from the package index, so its environment is
 # always made.
 #
-# Two lanes at once, when no test path is given: the *core* lane (lint, types, then every test that
-# needs .venv alone) starts as soon as .venv is made; the *environments* lane makes the other
-# environments, then runs the tests that need them (ENV_TESTS below) and the vLLM version matrix. A
-# test process mostly waits on one engine, Ray or a subprocess (one busy core of two), so the lanes
-# share the machine well: the suite's wall time is the longer lane's, not the sum. The core lane prints
-# as it goes; the environments lane's output goes to a log, printed whole when it ends, with one line
-# per step meanwhile. PARTIAL_ROLLOUT_LANES=0 runs it all in one lane, one step after another.
+# Two lanes at once, when no test path is given: the *core* lane (lint, types, then the tests that
+# need .venv alone) starts as soon as .venv is made; the *environments* lane makes the other
+# environments, then runs the tests that need them (ENV_TESTS below, and BALANCE_TESTS) and the vLLM
+# version matrix. The set-up of the other environments then overlaps tests, and one lane's test fills
+# the gaps another leaves (a test waiting on Ray or a subprocess start); on 2 cores the suite is still
+# mostly CPU-bound (both cores 95% busy over a fresh-clone run here), so the lanes are balanced by
+# their measured times. The core lane prints as it goes; the environments lane's output goes to a log,
+# printed whole when it ends, with one line per step meanwhile. PARTIAL_ROLLOUT_LANES=0 runs it all in
+# one lane, one step after another.
 #
 # The vLLM version matrix: the whole suite ran on .venv's vLLM; the engine's exactness core (the tests
 # marked vllm_core) runs again on every other build of vllm_internals.BUILDS, each in its own
@@ -59,8 +61,11 @@ fi
 SETUPS+=("scripts/setup_verl.sh")
 # Triton, in a folder of its own (never in .venv), for vLLM's V2 Gumbel kernel under Triton's interpreter.
 SETUPS+=("scripts/setup_triton_interpreter.sh")
-# The tests that need an environment besides .venv: the environments lane runs them.
+# The tests that need an environment besides .venv: the environments lane runs them. Then, for balance,
+# tests that need .venv alone: in a fresh-clone run here the core lane took 3,767 s and the other
+# 2,760 s (set-up and matrix included); this file took about 400 s of the core lane's.
 ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl)
+BALANCE_TESTS=(tests/test_engine_fault_injection.py)
 
 lanes=1
 [[ "${PARTIAL_ROLLOUT_LANES:-1}" != 0 ]] || lanes=0
@@ -142,9 +147,9 @@ environments_lane() {
   local start status=0
   start=$(date +%s)
   setup_environments || return 1
-  echo "test: [environments lane] set up in $(( $(date +%s) - start )) s; running ${ENV_TESTS[*]}" >&3
+  echo "test: [environments lane] set up in $(( $(date +%s) - start )) s; running ${ENV_TESTS[*]} ${BALANCE_TESTS[*]}" >&3
   start=$(date +%s)
-  .venv/bin/python -m pytest "$@" "${ENV_TESTS[@]}" || status=$?
+  .venv/bin/python -m pytest "$@" "${ENV_TESTS[@]}" "${BALANCE_TESTS[@]}" || status=$?
   echo "test: [environments lane] tests ended ($status) in $(( $(date +%s) - start )) s" >&3
   if [[ ${#MATRIX[@]} -gt 1 ]]; then
     matrix || status=$?
@@ -152,13 +157,13 @@ environments_lane() {
   return "$status"
 }
 started=$(date +%s)
-echo "test: two lanes at once; the environments lane (set-up, ${ENV_TESTS[*]}, the vLLM matrix) writes to a log shown when it ends"
+echo "test: two lanes at once; the environments lane (set-up, ${ENV_TESTS[*]} ${BALANCE_TESTS[*]}, the vLLM matrix) writes to a log shown when it ends"
 environments_lane "$@" 3>&1 > "$work/environments.log" 2>&1 &
 environments=$!
 status=0
 checks || status=$?
 ignores=()
-for path in "${ENV_TESTS[@]}"; do
+for path in "${ENV_TESTS[@]}" "${BALANCE_TESTS[@]}"; do
   ignores+=("--ignore=$path")
 done
 .venv/bin/python -m pytest "$@" "${ignores[@]}" || status=$?
