@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_on_stale
 from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
 from partial_rollout.engine import CheckpointableEngine
@@ -153,7 +155,7 @@ class RolloutCheckpointer:
     def yield_group(
         self,
         group_id: str,
-        prompt_token_ids: Sequence[int] | Any,
+        prompt_token_ids: Sequence[int] | np.ndarray,
         samplings: Sequence[SamplingSpec],
         *,
         data: dict[str, Any] | None = None,
@@ -344,7 +346,8 @@ class RolloutCheckpointer:
             folder: a checkpoint folder holding a snapshot this run's save wrote; ``None`` when there is
                 nothing to resume: a run whose event log is empty is logged as a fresh start (an audit
                 forgets everything before it), one whose log holds an earlier attempt as a resume from
-                nothing (that attempt's work counts as lost, not forgotten). ``resume_fields``
+                nothing (the audit then reports that attempt rolled back, none of it saved, where a
+                start would make it forget the attempt). ``resume_fields``
                 describe the run either way; every other argument needs a snapshot and is unused.
             allow_vllm_change: resume a snapshot written under another vLLM version, its in-flight
                 samples declared inexact (off: such a resume fails naming both versions).
