@@ -29,6 +29,7 @@ def test_check_resume_reports_exact_matches(tmp_path: Path, tiny_qwen2: Path) ->
             "256",
             "--seed",
             "22",
+            "--no-multiprocessing",
             "--keep",
             str(tmp_path),
         ],

@@ -82,6 +82,13 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="largest per-sample budget (default 256)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument(
+        "--multiprocessing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the model in a vLLM worker process of its own, vLLM's default; --no-multiprocessing runs it "
+        "in the engine core's process, one process fewer to start per engine (small models)",
+    )
 
 
 def _workload(args: argparse.Namespace, vocab_size: int) -> dict[str, tuple[list[int], Any]]:
@@ -112,7 +119,10 @@ async def _role(args: argparse.Namespace) -> None:
 
     out = Path(args.workdir)
     config = EngineConfig(
-        model=args.model, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory_bytes
+        model=args.model,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        multiprocessing=args.multiprocessing,
     )
     # This command is the check an untested vLLM must pass, so it uses the internals wherever they exist.
     engine = await ResumableEngine.start(config, trust_untested=True, count_steps=args.role == "cut")
@@ -213,6 +223,8 @@ def _child(args: argparse.Namespace, role: str, workdir: Path) -> list[str]:
     ]
     if args.kv_cache_memory_bytes:
         cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+    if not args.multiprocessing:
+        cmd.append("--no-multiprocessing")
     return cmd
 
 
