@@ -20,7 +20,7 @@ from snapshot_helpers import fingerprints, sample
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from partial_rollout.checkpoint import STALE_AT_RESUME, RolloutCheckpointer, apply_on_stale
+from partial_rollout.checkpoint import RECORD_ONLY, STALE_AT_RESUME, RestorePolicy, RolloutCheckpointer, apply_on_stale
 from partial_rollout.engine import Cut
 from partial_rollout.errors import BadInputError, SnapshotError
 from partial_rollout.ledger import audit, read_events
@@ -324,3 +324,72 @@ def test_a_frozen_window_thaws_when_its_body_raises(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert find_snapshot(tmp_path / "step_2").is_file()
+
+
+def test_a_record_only_checkpointer_binds_its_snapshots_to_no_model(tmp_path: Path) -> None:
+    """A run that only records (partial rollouts off) saves snapshots bound to RECORD_ONLY: a checkpointer
+    of a model refuses them naming the field, a record-only one takes them back."""
+    folder = tmp_path / "run" / "step_1"
+
+    async def scenario() -> None:
+        recorder = RolloutCheckpointer.record_only(None, events=tmp_path / "run" / "events.jsonl", fresh=True)
+        await recorder.restore(None)
+        recorder.yield_group("e0:0", [5, 6], [SPEC])
+        await asyncio.to_thread((await recorder.save(folder, trainer_step=1, policy_version=0, states=KEEP)).write)
+        recorder.close()
+
+        of_a_model = _checkpointer(tmp_path / "other", fresh=True)
+        with pytest.raises(SnapshotError, match="fingerprints.model: the snapshot was saved with 'record-only'"):
+            await of_a_model.restore(folder)
+        of_a_model.close()
+
+        again = RolloutCheckpointer.record_only(None, events=tmp_path / "run" / "events.jsonl")
+        restored = await again.restore(folder, step=1)
+        assert restored.snapshot is not None and restored.snapshot.fingerprints == RECORD_ONLY
+        assert restored.pending == ["e0:0"]
+        again.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_restored_group_whose_samples_all_finished_is_settled_by_its_rollout(tmp_path: Path) -> None:
+    """The cut caught a group in flight whose last sample had finished: the restore hands it back in flight
+    (settling is the trainer's pump's), and rollout() settles it without generating anything."""
+    run = tmp_path / "run"
+
+    class _Idle:
+        """An engine holding no request when the cut is taken (both samples had returned)."""
+
+        async def cut(self) -> Cut:
+            return Cut(samples={})
+
+        async def fingerprints(self) -> Any:
+            return FP
+
+    async def scenario() -> list[str]:
+        ckpt = RolloutCheckpointer(_Idle(), events=run / "events.jsonl", fresh=True)  # type: ignore[arg-type]
+        await ckpt.restore(None)
+        ckpt.yield_group("e0:0", [5, 6], [SPEC, SPEC])
+        ckpt.dispatch("e0:0", policy_version=0)
+        for index in (0, 1):
+            done = sample(index, SampleState.FINISHED, 3, version=0, sampling=SPEC)
+            ckpt.ledger.finish("e0:0", done, settle=False)  # as sample() reports, before rollout() settles
+        await asyncio.to_thread((await ckpt.save(run / "step_1", trainer_step=1, policy_version=0)).write)
+        ckpt.close()
+
+        resumed = _checkpointer(run)  # no engine: a rollout that generated would raise
+        restored = await resumed.restore(run / "step_1", policy=RestorePolicy(on_stale="drop"), step=1)
+        assert (restored.in_flight, restored.ready) == (["e0:0"], [])
+        assert await resumed.rollout("e0:0") == []
+        state = resumed.ledger["e0:0"].state
+        resumed.close()
+        return [state.value]
+
+    assert asyncio.run(scenario()) == [GroupState.READY.value]
+
+
+def test_a_restore_policy_refuses_bad_values() -> None:
+    with pytest.raises(ValueError, match="on_stale: must be one of continue, regenerate, drop, got 'later'"):
+        RestorePolicy(on_stale="later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="allow_vllm_change: must be true or false, got 'yes'"):
+        RestorePolicy(allow_vllm_change="yes")  # type: ignore[arg-type]

@@ -191,9 +191,7 @@ def controller_class() -> Any:
             # NeMo RL commits every restored group again through its pump: nothing is settled here.
             restored = await checkpointer.restore(
                 folder,
-                allow_vllm_change=pr.config.allow_vllm_change,
-                settle=False,
-                check_fingerprints=pr.config.enabled,
+                policy=pr.config.restore_policy,
                 step=self._train_steps,
                 partial_rollouts=pr.config.enabled,
             )

@@ -34,7 +34,6 @@ from partial_rollout.engine import RolloutEngine
 from partial_rollout.errors import SnapshotError
 from partial_rollout.ledger import TRAIN_STEP, GroupEntry, request_id
 from partial_rollout.snapshot import (
-    Fingerprints,
     GroupState,
     SampleRecord,
     SampleState,
@@ -61,10 +60,6 @@ COMMITTED_AFTER_CUT = "committed_after_cut"
 """Ready reason of a restored group NeMo RL's replay buffer holds finished while our cut does not."""
 EPOCH_KEY = "loader_epoch"
 """Snapshot metadata key: the epoch the loader wrapper was in at the cut."""
-RECORD_ONLY_FINGERPRINTS = Fingerprints(
-    model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a"
-)
-"""A record-only ledger without our engine holds no tokens to continue, so it is bound to no model."""
 
 
 @dataclass(slots=True)
@@ -164,9 +159,9 @@ class Session:
         engine: RolloutEngine | None,
     ) -> None:
         self.config = config
-        self.checkpointer = RolloutCheckpointer(
-            engine, events=events_path, fingerprints=RECORD_ONLY_FINGERPRINTS if engine is None else None
-        )
+        # Flag off (record_events), or no engine of ours: the ledger only records, bound to no model.
+        make = RolloutCheckpointer if config.enabled and engine is not None else RolloutCheckpointer.record_only
+        self.checkpointer = make(engine, events=events_path)
         """The checkpoint protocol: the gate to the engines, the frozen window, the restore."""
         self.ledger = self.checkpointer.ledger
         self.settings = settings

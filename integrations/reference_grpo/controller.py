@@ -130,8 +130,7 @@ class GRPOLoop:
         oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
         restored = await self.rollouts.restore(
             folder,
-            allow_vllm_change=partial.allow_vllm_change,
-            on_stale=partial.on_stale,
+            policy=partial.restore_policy,
             is_stale=lambda group: group.dispatch_version < oldest,
             step=self.step,
             partial_rollouts=partial.enabled,

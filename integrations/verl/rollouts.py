@@ -22,11 +22,11 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from partial_rollout import RolloutCheckpointer
-from partial_rollout.checkpoint import PendingSnapshot
+from partial_rollout.checkpoint import PendingSnapshot, RestorePolicy
 from partial_rollout.engine import Cut
 from partial_rollout.errors import SnapshotError
 from partial_rollout.ledger import request_id
-from partial_rollout.snapshot import Fingerprints, GroupState, SampleState
+from partial_rollout.snapshot import GroupState, SampleState
 from partial_rollout_integrations.verl.reconcile import TqView, reconcile
 from partial_rollout_integrations.verl.resume_checks import check_resume
 from partial_rollout_integrations.verl.servers import VerlServers
@@ -37,8 +37,6 @@ logger = logging.getLogger(__name__)
 
 RECORD_FOLDER = "ledger_{step}"
 """Folder (beside ``events.jsonl``) of a record-only run's ledger at verl's checkpoint ``global_step_N``."""
-RECORD_ONLY = Fingerprints(model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a")
-"""What a record-only ledger is bound to: it holds no tokens to continue, so no model."""
 REISSUED_BY_VERL = "reissued_by_verl"
 """Regeneration reason of a group verl's own re-issue cleared and generated again at a resume."""
 
@@ -76,7 +74,7 @@ class DurableRollouts:
         events: str | os.PathLike[str],
         n: int,
         read_tq: Callable[[], Mapping[str, Mapping[str, Any]]],
-        fingerprints: Fingerprints | None = None,
+        record_only: bool = False,
     ) -> None:
         """
         Args:
@@ -84,7 +82,8 @@ class DurableRollouts:
             events: the run's ``events.jsonl`` (appended to across restarts).
             n: samples per prompt (verl's ``actor_rollout_ref.rollout.n``).
             read_tq: returns the training partition's TransferQueue tags, key to tag.
-            fingerprints: what the snapshots are bound to; default: the servers' model and vLLM.
+            record_only: the ledger only records (:meth:`RolloutCheckpointer.record_only`); otherwise its
+                snapshots are bound to the servers' model and vLLM.
         """
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="partial-rollout-verl", daemon=True)
@@ -93,15 +92,17 @@ class DurableRollouts:
         self.events = os.fspath(events)
         self._n = n
         self._read_tq = read_tq
-        self.checkpointer = self._run(self._make(events, fingerprints))
+        self.checkpointer = self._run(self._make(events, record_only=record_only))
         self.restored: dict[str, HeldSample] = {}
         """Samples a restore found unfinished or not yet stored in verl's TransferQueue, by key."""
         self.stored: frozenset[str] = frozenset()
         """Keys of samples a restore found finished in verl's TransferQueue."""
         self._forget: list[str] = []
 
-    async def _make(self, events: str | os.PathLike[str], fingerprints: Fingerprints | None) -> RolloutCheckpointer:
-        return RolloutCheckpointer(self.servers, events=events, fingerprints=fingerprints)
+    async def _make(self, events: str | os.PathLike[str], *, record_only: bool) -> RolloutCheckpointer:
+        if record_only:
+            return RolloutCheckpointer.record_only(self.servers, events=events)
+        return RolloutCheckpointer(self.servers, events=events)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -183,7 +184,9 @@ class DurableRollouts:
         """A run verl loaded no checkpoint for: a fresh start, or a resume from nothing."""
         self._run(self.checkpointer.restore(None, trainer="verl", partial_rollouts=partial_rollouts))
 
-    def restore(self, folder: str, *, step: int, rollout: Mapping[str, Any], allow_vllm_change: bool = False) -> None:
+    def restore(
+        self, folder: str, *, step: int, rollout: Mapping[str, Any], policy: RestorePolicy | None = None
+    ) -> None:
         """Load the snapshot of ``folder`` and decide, per sample, what the agent loops do with it.
 
         ``rollout``: the run's ``actor_rollout_ref.rollout`` config; a snapshot of another run, ``n``
@@ -191,9 +194,7 @@ class DurableRollouts:
         """
         tq = TqView.of(self._read_tq())
         fits_the_run = functools.partial(check_resume, tq=tq, n=self._n, rollout=rollout)
-        restore = self.checkpointer.restore(
-            folder, allow_vllm_change=allow_vllm_change, check=fits_the_run, settle=False, step=step
-        )
+        restore = self.checkpointer.restore(folder, policy=policy, check=fits_the_run, step=step)
         self._run(restore)
         restored: dict[str, HeldSample] = {}
         stored = set()
@@ -215,9 +216,7 @@ class DurableRollouts:
         A cut that is not there (the run before did not record) is logged as a resume from nothing,
         with a warning: recording must not stop verl's resume.
         """
-        restore = self.checkpointer.restore(
-            folder, settle=False, check_fingerprints=False, step=step, partial_rollouts=False
-        )
+        restore = self.checkpointer.restore(folder, step=step, partial_rollouts=False)
         try:
             self._run(restore)
         except SnapshotError as e:

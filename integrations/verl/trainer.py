@@ -26,12 +26,7 @@ from verl.utils import tensordict_utils as tu
 
 from partial_rollout_integrations.verl.client import DurableLLMServerClient, RecordingLLMServerClient
 from partial_rollout_integrations.verl.config import PartialRolloutCheckpointConfig
-from partial_rollout_integrations.verl.rollouts import (
-    RECORD_FOLDER,
-    RECORD_ONLY,
-    DurableRollouts,
-    RecordingClients,
-)
+from partial_rollout_integrations.verl.rollouts import RECORD_FOLDER, DurableRollouts, RecordingClients
 from partial_rollout_integrations.verl.servers import VerlServers
 from partial_rollout_integrations.verl.wire import split_key
 
@@ -109,12 +104,10 @@ class PartialRolloutCheckpoint:
         else:
             from omegaconf import OmegaConf
 
-            allow = self._block().allow_vllm_change
+            policy = self._block().restore_policy
             rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
             assert isinstance(rollout, dict), "actor_rollout_ref.rollout is a mapping in verl's config"
-            self.durable.restore(
-                self._resumed_folder(), step=self.global_steps, rollout=rollout, allow_vllm_change=allow
-            )
+            self.durable.restore(self._resumed_folder(), step=self.global_steps, rollout=rollout, policy=policy)
         super().on_init_end()  # type: ignore[misc]
 
     def _block(self) -> PartialRolloutCheckpointConfig:
@@ -235,7 +228,7 @@ class RecordEvents:
                 events=_block(self.config).events_file(self.config.trainer.default_local_dir),
                 n=int(self.config.actor_rollout_ref.rollout.n),
                 read_tq=_read_tq,
-                fingerprints=RECORD_ONLY,
+                record_only=True,
             )
         return self._recorder
 

@@ -5,8 +5,7 @@ take the engine's cut (what this process has received of each request: the engin
 capture it into the ledger, read the loader's cursor and cut the ledger into memory (no ``await``
 anywhere in between), open the gate, log the ``save`` event, then encode and write, logging the
 outcome. A resume is another: load and check the
-snapshot, log the ``resume``, put the loader back, apply the staleness policy, settle groups whose
-last samples finished in the engine before the trainer heard of them. :class:`RolloutCheckpointer`
+snapshot, log the ``resume``, put the loader back, apply the staleness policy. :class:`RolloutCheckpointer`
 does both, and runs samples so that a saved prefix is continued rather than regenerated::
 
     ckpt = RolloutCheckpointer(engine, events=run_dir / "events.jsonl", loader=loader)
@@ -46,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale, check_on_stale
+from partial_rollout.checkpoint.policy import RestorePolicy
+from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale
 from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
 from partial_rollout.engine import CheckpointableEngine
 from partial_rollout.errors import BadInputError, SnapshotError
@@ -64,6 +64,10 @@ LOADER_KEY = "loader"
 """State key: the loader's ``state_dict()`` read in the last cut's frozen window (or restored; the
 live one before any cut, so a fresh target has the structure DCP loads into)."""
 STATE_KEYS = (VERSION_KEY, LEDGER_KEY, LOADER_KEY)
+
+RECORD_ONLY = Fingerprints(model="record-only", tokenizer="record-only", vocab_size=2**31 - 1, vllm_version="n/a")
+"""What the snapshots of a record-only checkpointer (:meth:`RolloutCheckpointer.record_only`) are
+bound to: they hold no tokens to continue, so no model; a checkpointer of a model refuses them."""
 
 Reward = Callable[[GroupEntry, SampleRecord], float]
 """Scores one finished sample of a group (its ``data`` holds what the loader yielded)."""
@@ -93,7 +97,9 @@ class Restored:
     """The snapshot read (its ``trainer_step``, ``policy_version`` and ``metadata`` are the trainer's);
     ``None`` for a run restored from nothing."""
     in_flight: list[str]
-    """Dispatched groups with samples to continue: run :meth:`RolloutCheckpointer.rollout` on each."""
+    """Dispatched groups not settled (samples to continue, or all finished before the trainer heard of
+    the last): run :meth:`RolloutCheckpointer.rollout` on each, which continues what is unfinished
+    and settles the group."""
     pending: list[str]
     """Yielded, never dispatched (or regenerated): dispatch them before any new loader batch."""
     ready: list[str]
@@ -130,7 +136,10 @@ class RolloutCheckpointer:
         if (ledger is None) == (events is None):
             raise ValueError("pass exactly one of ledger= (a WorkLedger) or events= (the path of events.jsonl)")
         if engine is None and fingerprints is None:
-            raise ValueError("a checkpointer without an engine needs fingerprints= to bind its snapshots to")
+            raise ValueError(
+                "a checkpointer without an engine needs fingerprints= to bind its snapshots to "
+                "(RolloutCheckpointer.record_only for one that only keeps records)"
+            )
         self.engine = engine
         self.ledger = ledger if ledger is not None else WorkLedger(EventLog(events, fresh=fresh))  # type: ignore[arg-type]
         self.loader = loader
@@ -140,6 +149,25 @@ class RolloutCheckpointer:
         self._running: set[str] = set()
         self._loader_state: dict[str, Any] | None = None
         self._expected_save_id: str | None = None
+
+    @classmethod
+    def record_only(
+        cls,
+        engine: CheckpointableEngine | None,
+        *,
+        ledger: WorkLedger | None = None,
+        events: str | os.PathLike[str] | None = None,
+        fresh: bool = False,
+        loader: StatefulLoader | None = None,
+    ) -> RolloutCheckpointer:
+        """A checkpointer that only keeps the work ledger's records: a trainer's run with partial rollouts
+        off, so that an audit counts what its own checkpoints lose.
+
+        Its snapshots are bound to :data:`RECORD_ONLY`, not to a model: they hold the ledger and the
+        loader's cursor, and a trainer saves them without in-flight groups (``save(states=...)``).
+        ``engine``: what its cuts read when the trainer saves in-flight groups' records, if any.
+        """
+        return cls(engine, ledger=ledger, events=events, fresh=fresh, loader=loader, fingerprints=RECORD_ONLY)
 
     # ---------------------------------------------------------------- identity
 
@@ -332,12 +360,9 @@ class RolloutCheckpointer:
         self,
         folder: str | os.PathLike[str] | None,
         *,
-        allow_vllm_change: bool = False,
-        on_stale: OnStale = "continue",
+        policy: RestorePolicy | None = None,
         is_stale: Callable[[GroupEntry], bool] | None = None,
         check: Callable[[Snapshot, Path], None] | None = None,
-        settle: bool = True,
-        check_fingerprints: bool = True,
         **resume_fields: Any,
     ) -> Restored:
         """Resume from the snapshot in ``folder``: load and check it, log the resume, restore the loader.
@@ -349,32 +374,30 @@ class RolloutCheckpointer:
                 nothing (the audit then reports that attempt rolled back, none of it saved, where a
                 start would make it forget the attempt). ``resume_fields``
                 describe the run either way; every other argument needs a snapshot and is unused.
-            allow_vllm_change: resume a snapshot written under another vLLM version, its in-flight
-                samples declared inexact (off: such a resume fails naming both versions).
-            on_stale: what to do with dispatched groups (in flight or ready) that ``is_stale``.
+            policy: whether a snapshot of another vLLM version is resumed, and what happens to
+                dispatched groups (in flight or ready) that ``is_stale`` (default: the policy's defaults).
             is_stale: the trainer's staleness rule; without it no group is stale.
             check: the trainer's own test of the snapshot against its run (another run's, another
                 sampling), called with the snapshot and its file after the library's checks and
                 before anything is restored; it refuses the snapshot by raising ``SnapshotError``.
-            settle: mark ready the in-flight groups whose samples all finished before the cut;
-                off for a trainer that commits every restored group again through its own pump.
-            check_fingerprints: refuse a snapshot of another model, tokenizer or vLLM; off only for
-                a ledger that holds no tokens (a record-only run).
             resume_fields: written into the ``resume`` event (e.g. ``step=``).
+
+        A group in flight whose samples all finished before the cut comes back in flight, not ready:
+        :meth:`rollout` on it runs nothing and settles it, as a trainer's own pump would.
 
         Raises:
             SnapshotError: the snapshot is damaged, of another run's model or settings, or not the
                 one the trainer's own checkpoint names (:meth:`load_state_dict`).
         """
-        check_on_stale(on_stale)
+        policy = RestorePolicy() if policy is None else policy
         if folder is None:
             if self.ledger.events is None or self.ledger.events.logged == 0:
                 self.ledger.record_start(**resume_fields)
             else:
                 self.ledger.record_resume(checkpoint=None, **resume_fields)
             return Restored(snapshot=None, in_flight=[], pending=[], ready=[])
-        expect = await self.fingerprints() if check_fingerprints else None
-        snapshot = self.ledger.load(folder, expect=expect, allow_vllm_change=allow_vllm_change, check=check)
+        expect = await self.fingerprints()
+        snapshot = self.ledger.load(folder, expect=expect, allow_vllm_change=policy.allow_vllm_change, check=check)
         if self._expected_save_id is not None and self.ledger.last_save_id != self._expected_save_id:
             raise SnapshotError(
                 f"is save {self.ledger.last_save_id!r}, the trainer's checkpoint is of save {self._expected_save_id!r}",
@@ -389,10 +412,7 @@ class RolloutCheckpointer:
         acted: dict[str, OnStale] = {}
         if is_stale is not None:
             dispatched = self.ledger.groups(GroupState.IN_FLIGHT, GroupState.READY)
-            acted = apply_on_stale(self.ledger, dispatched, is_stale=is_stale, policy=on_stale)
-        if settle:
-            for group in list(self.ledger.groups(GroupState.IN_FLIGHT)):
-                self.ledger.settle(group.group_id)
+            acted = apply_on_stale(self.ledger, dispatched, is_stale=is_stale, policy=policy.on_stale)
         ids = {state: [g.group_id for g in self.ledger.groups(state)] for state in GroupState}
         return Restored(
             snapshot=snapshot,

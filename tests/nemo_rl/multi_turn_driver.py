@@ -204,7 +204,7 @@ async def run(engine_python: str, out: Path) -> dict[str, Any]:
         # 3. A fresh session on a fresh engine resumes from the snapshot, as a restarted controller does.
         await restart()
         resumed_session = session("resume")
-        restored = await resumed_session.checkpointer.restore(folder, settle=False)  # as the controller does
+        restored = await resumed_session.checkpointer.restore(folder)
         assert restored.snapshot.fingerprints == fingerprints
         (again,) = resumed_session.restore(restored.snapshot, in_nemo_buffer=[])
         steps = await env_steps()
