@@ -9,6 +9,7 @@ work, so no engine is frozen, except for one stand-in engine that fails to captu
 from __future__ import annotations
 
 import asyncio
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,14 @@ from snapshot_helpers import fingerprints, sample
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from partial_rollout.checkpoint import RECORD_ONLY, STALE_AT_RESUME, RestorePolicy, RolloutCheckpointer, apply_on_stale
+from partial_rollout.checkpoint import (
+    RECORD_ONLY,
+    STALE_AT_RESUME,
+    RestorePolicy,
+    RolloutCheckpointer,
+    SyncCheckpointer,
+    apply_on_stale,
+)
 from partial_rollout.engine import Cut
 from partial_rollout.errors import BadInputError, SnapshotError
 from partial_rollout.ledger import audit, read_events
@@ -393,3 +401,30 @@ def test_a_restore_policy_refuses_bad_values() -> None:
         RestorePolicy(on_stale="later")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="allow_vllm_change: must be true or false, got 'yes'"):
         RestorePolicy(allow_vllm_change="yes")  # type: ignore[arg-type]
+
+
+def test_a_synchronous_trainer_drives_the_checkpointer_through_its_facade(tmp_path: Path) -> None:
+    """verl's loop is synchronous: the facade runs the checkpointer on a loop thread of its own, raises its
+    refusals in the calling thread, and stops that thread when closed."""
+    run = tmp_path / "run"
+    sync = SyncCheckpointer(lambda: _checkpointer(run, fresh=True), name="checkpointer-loop")
+    try:
+        assert sync.restore(None, step=0).snapshot is None
+
+        async def yield_one() -> None:  # the ledger is the loop's: touched there
+            sync.checkpointer.yield_group("e0:0", [5, 6], [SPEC])
+
+        sync.run(yield_one())
+        sync.save(run / "step_1", trainer_step=1, policy_version=0, states=KEEP).write()
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(SnapshotError, match="no partial_rollouts.safetensors in this folder"):
+            sync.restore(tmp_path / "empty")
+    finally:
+        sync.close()
+    assert "checkpointer-loop" not in {t.name for t in threading.enumerate()}
+
+    again = SyncCheckpointer(lambda: _checkpointer(run))
+    try:
+        assert again.restore(run / "step_1", step=1).pending == ["e0:0"]
+    finally:
+        again.close()

@@ -1,7 +1,8 @@
 """The trainer's half of partial rollouts for verl: the checkpointer over verl's durable servers.
 
 verl's trainer is synchronous and its agent loops are in other processes, so this object runs the
-library's :class:`~partial_rollout.RolloutCheckpointer` on an event loop of its own and adds what
+library's :class:`~partial_rollout.RolloutCheckpointer` through its synchronous facade
+(:class:`~partial_rollout.checkpoint.SyncCheckpointer`) and adds what
 verl needs around the library's protocol: the TransferQueue's tags read in the frozen window
 (:mod:`.reconcile`), and at a restore the samples each agent-loop client must continue, hand back
 or leave alone.
@@ -17,12 +18,11 @@ import asyncio
 import functools
 import logging
 import os
-import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from partial_rollout import RolloutCheckpointer
-from partial_rollout.checkpoint import PendingSnapshot, RestorePolicy
+from partial_rollout.checkpoint import PendingSnapshot, RestorePolicy, SyncCheckpointer
 from partial_rollout.engine import Cut
 from partial_rollout.errors import SnapshotError
 from partial_rollout.ledger import request_id
@@ -85,27 +85,21 @@ class DurableRollouts:
             record_only: the ledger only records (:meth:`RolloutCheckpointer.record_only`); otherwise its
                 snapshots are bound to the servers' model and vLLM.
         """
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="partial-rollout-verl", daemon=True)
-        self._thread.start()
         self.servers = servers
         self.events = os.fspath(events)
         self._n = n
         self._read_tq = read_tq
-        self.checkpointer = self._run(self._make(events, record_only=record_only))
+        make = RolloutCheckpointer.record_only if record_only else RolloutCheckpointer
+        self._sync = SyncCheckpointer(functools.partial(make, servers, events=events), name="partial-rollout-verl")
+        self.checkpointer = self._sync.checkpointer
         self.restored: dict[str, HeldSample] = {}
         """Samples a restore found unfinished or not yet stored in verl's TransferQueue, by key."""
         self.stored: frozenset[str] = frozenset()
         """Keys of samples a restore found finished in verl's TransferQueue."""
         self._forget: list[str] = []
 
-    async def _make(self, events: str | os.PathLike[str], *, record_only: bool) -> RolloutCheckpointer:
-        if record_only:
-            return RolloutCheckpointer.record_only(self.servers, events=events)
-        return RolloutCheckpointer(self.servers, events=events)
-
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._sync.run(coro)
 
     @property
     def ledger(self) -> Any:
@@ -241,6 +235,4 @@ class DurableRollouts:
                 self.ledger.dispatch(uid, policy_version)
 
     def close(self) -> None:
-        self.checkpointer.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._sync.close()

@@ -13,12 +13,14 @@
 :class:`RolloutCheckpointer` owns the ordering (close the gate, take the engine's cut, capture it,
 cut the ledger, open the gate, log, write, log the outcome; no engine pauses); :mod:`.window` is
 the frozen window and the pending write; :mod:`.staleness` the one definition of what a resume does
-with work dispatched too long ago; :mod:`.policy` the resume settings every trainer's config block shares.
+with work dispatched too long ago; :mod:`.policy` the resume settings every trainer's config block
+shares; :mod:`.sync` the checkpointer for a synchronous trainer loop.
 """
 
 from partial_rollout.checkpoint.checkpointer import RECORD_ONLY, Restored, RolloutCheckpointer, SampleOutcome
 from partial_rollout.checkpoint.policy import RestorePolicy
 from partial_rollout.checkpoint.staleness import ON_STALE_CHOICES, STALE_AT_RESUME, OnStale, apply_on_stale
+from partial_rollout.checkpoint.sync import SyncCheckpointer
 from partial_rollout.checkpoint.window import ENGINE_OF_REQUEST, FrozenWindow, PendingSnapshot, StatefulLoader
 
 __all__ = [
@@ -34,5 +36,6 @@ __all__ = [
     "RolloutCheckpointer",
     "SampleOutcome",
     "StatefulLoader",
+    "SyncCheckpointer",
     "apply_on_stale",
 ]
