@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from benchmarks.failover import Attempt, until_delivered, watch
-from partial_rollout.engine import Accumulated, Delta, EngineConfig, exactness
+from partial_rollout.engine import Delta, EngineConfig, exactness
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.ledger import ENGINE_FAILOVER, EventKind, EventLog, audit, read_events, request_id
 from partial_rollout.pool import EnginePool, NoEngineLeftError
 from partial_rollout.pool.failover import Failover, Tracker, held, resume_from

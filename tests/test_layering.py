@@ -22,7 +22,9 @@ ALLOWED = {
     "partial_rollout.checkpoint": FOUNDATION
     | {"partial_rollout.snapshot", "partial_rollout.ledger", "partial_rollout.engine"},
 }
-"""Each layer (a subpackage) may import itself and these, nothing else of the project."""
+"""Each layer (a subpackage) may import itself and these (their modules too: a name one layer hands
+another, such as the ledger's cut, is no trainer's business and stays out of the package's
+``__all__``), nothing else of the project."""
 INTEGRATIONS = "partial_rollout_integrations"
 BENCHMARKS = "benchmarks"
 PUBLIC = FOUNDATION | {f"partial_rollout.{p}" for p in ("engine", "pool", "ledger", "snapshot", "checkpoint", "models")}
@@ -132,7 +134,12 @@ def test_layers_import_only_downwards() -> None:
     for module, imports in modules.items():
         for layer, allowed in ALLOWED.items():
             if _within(module, layer):
-                bad += [(module, i) for i in imports if not _within(i, layer) and not any(i == a for a in allowed)]
+                below = (a for a in allowed if a != "partial_rollout")  # the root package, not all of it
+                bad += [
+                    (module, i)
+                    for i in imports
+                    if not _within(i, layer) and i not in allowed and not any(_within(i, a) for a in below)
+                ]
     assert not bad, f"imports against the layering: {bad}"
 
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from ray.exceptions import ActorDiedError
 
-from partial_rollout.engine import Accumulated, Delta
+from partial_rollout.engine import Delta
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.pool import EngineDiedError, transport
 from partial_rollout.pool.failover import follow
 from partial_rollout.snapshot import SampleRecord, SampleState, SamplingSpec

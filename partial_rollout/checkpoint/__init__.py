@@ -21,10 +21,9 @@ from partial_rollout.checkpoint.checkpointer import RECORD_ONLY, Restored, Rollo
 from partial_rollout.checkpoint.policy import RestorePolicy
 from partial_rollout.checkpoint.staleness import ON_STALE_CHOICES, STALE_AT_RESUME, OnStale, apply_on_stale
 from partial_rollout.checkpoint.sync import SyncCheckpointer
-from partial_rollout.checkpoint.window import ENGINE_OF_REQUEST, FrozenWindow, PendingSnapshot, StatefulLoader
+from partial_rollout.checkpoint.window import FrozenWindow, PendingSnapshot, StatefulLoader
 
 __all__ = [
-    "ENGINE_OF_REQUEST",
     "ON_STALE_CHOICES",
     "RECORD_ONLY",
     "STALE_AT_RESUME",

@@ -50,7 +50,8 @@ from partial_rollout.checkpoint.staleness import OnStale, apply_on_stale
 from partial_rollout.checkpoint.window import ALL_STATES, FrozenWindow, PendingSnapshot, StatefulLoader
 from partial_rollout.engine import CheckpointableEngine
 from partial_rollout.errors import BadInputError, SnapshotError
-from partial_rollout.ledger import EventLog, GroupEntry, LedgerCut, WorkLedger, request_id
+from partial_rollout.ledger import EventLog, GroupEntry, WorkLedger, request_id
+from partial_rollout.ledger.cut import LedgerCut
 from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, SampleState, SamplingSpec, Snapshot
 
 STATE_VERSION = 1

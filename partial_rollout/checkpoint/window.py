@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from partial_rollout.engine import Cut
-from partial_rollout.ledger import LedgerCut, WorkLedger
+from partial_rollout.ledger import WorkLedger
+from partial_rollout.ledger.cut import LedgerCut
 from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord, snapshot_path
 
 ENGINE_OF_REQUEST = "engine_of_request"

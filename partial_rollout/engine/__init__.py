@@ -9,14 +9,12 @@ extension class). Many engines behind the same interface, in Ray actors, are the
 :mod:`partial_rollout.pool`.
 """
 
-from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.engine.factory import EngineConfig
 from partial_rollout.engine.protocol import Capabilities, CheckpointableEngine, Cut, Delta, Progress, RolloutEngine
 from partial_rollout.engine.resumable import ResumableEngine, with_worker_hooks
 from partial_rollout.engine.vllm_internals import WorkerHooks
 
 __all__ = [
-    "Accumulated",  # public for partial_rollout.pool, a layer above, which keeps what a Ray engine streamed
     "Capabilities",
     "CheckpointableEngine",
     "Cut",

@@ -14,7 +14,6 @@
 """
 
 from partial_rollout.ledger.audit import AuditError, AuditReport, audit, effective_timeline
-from partial_rollout.ledger.cut import LedgerCut
 from partial_rollout.ledger.entry import GroupEntry
 from partial_rollout.ledger.events import (
     ENGINE_FAILOVER,
@@ -37,7 +36,6 @@ __all__ = [
     "EventLog",
     "EventTail",
     "GroupEntry",
-    "LedgerCut",
     "WorkLedger",
     "audit",
     "effective_timeline",

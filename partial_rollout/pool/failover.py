@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from partial_rollout.engine import Accumulated, Delta
+from partial_rollout.engine import Delta
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.snapshot import SampleRecord, SampleState
 
 

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from partial_rollout.engine import (
-    Accumulated,
     Capabilities,
     Cut,
     Delta,
@@ -30,6 +29,7 @@ from partial_rollout.engine import (
     ResumableEngine,
     RolloutEngine,
 )
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.pool import cluster, failover, transport
 from partial_rollout.snapshot import Fingerprints, SampleRecord, SamplingSpec
 

@@ -32,7 +32,8 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
-from partial_rollout.engine import Accumulated, Delta, ResumableEngine
+from partial_rollout.engine import Delta, ResumableEngine
+from partial_rollout.engine.accumulated import Accumulated
 from partial_rollout.pool.failover import EngineDiedError
 from partial_rollout.snapshot import SampleRecord, SamplingSpec
 

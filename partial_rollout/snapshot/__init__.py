@@ -16,7 +16,7 @@ checked safetensors header alone (where its bytes go, without reading a tensor).
 
 from partial_rollout.snapshot.container import read_header
 from partial_rollout.snapshot.fingerprints import Fingerprints
-from partial_rollout.snapshot.layout import FORMAT_NAME, FORMAT_VERSION
+from partial_rollout.snapshot.layout import FORMAT_VERSION
 from partial_rollout.snapshot.paths import SNAPSHOT_FILENAME, find_snapshot, snapshot_path
 from partial_rollout.snapshot.reader import SnapshotReader, load_snapshot
 from partial_rollout.snapshot.sampling import SamplingSpec, sample_seed
@@ -24,7 +24,6 @@ from partial_rollout.snapshot.schema import GroupRecord, GroupState, SampleRecor
 from partial_rollout.snapshot.writer import save_snapshot
 
 __all__ = [
-    "FORMAT_NAME",
     "FORMAT_VERSION",
     "SNAPSHOT_FILENAME",
     "Fingerprints",
