@@ -248,7 +248,7 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -
 def test_separate_async_killed_and_resumed_loses_nothing_and_continues_prefixes(runs: Runs) -> None:
     """The same on verl's separate_async trainer, whose standalone servers generate through training:
     its save aborts them around the cut and verl's TransferQueue save, so the two still agree."""
-    _assert_killed_and_continued(runs.separate, "flag on (separate_async)")
+    _assert_killed_and_continued(runs.separate, "flag on (separate_async)", stored_later=True)
 
 
 def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs: Runs) -> None:
@@ -300,11 +300,12 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
     print(f"separate_async: {len(cases)} samples continued across a kill, {tokens} tokens, as drawn uninterrupted")
 
 
-def _assert_killed_and_continued(side: Side, name: str) -> list[int]:
+def _assert_killed_and_continued(side: Side, name: str, *, stored_later: bool = False) -> list[int]:
     """A flag-on run killed and resumed: nothing lost, every saved prefix continued; returns the killed steps.
 
     A run killed inside a save (``side.uncommitted``) is resumed from the checkpoint before: the
     samples of that checkpoint are checked after its last resume, the one whose work training kept.
+    ``stored_later``: see :func:`_assert_tq_agrees`.
     """
     run_dir, outputs, killed = side.folder, side.outputs, side.killed
     checkpoints = run_dir / "checkpoints"
@@ -348,7 +349,7 @@ def _assert_killed_and_continued(side: Side, name: str) -> list[int]:
     continued = 0
     kept_older = 0
     for run, step in enumerate(killed):
-        tags = _assert_tq_agrees(checkpoints, step)
+        tags = _assert_tq_agrees(checkpoints, step, stored_later=stored_later)
         kept_older += _assert_dispatch_steps_kept(checkpoints, step, tags, outputs[run + 1])
         saved = _samples(checkpoints, step, SampleState.IN_FLIGHT)
         assert saved, f"the step-{step} checkpoint held no sample in flight: the kill tests nothing"
@@ -385,7 +386,7 @@ def _samples(checkpoints: Path, step: int, *states: SampleState) -> dict[tuple[s
     }
 
 
-def _assert_tq_agrees(checkpoints: Path, step: int) -> dict[str, dict]:
+def _assert_tq_agrees(checkpoints: Path, step: int, *, stored_later: bool = False) -> dict[str, dict]:
     """verl's TransferQueue checkpoint of ``step`` and our snapshot of it hold the same unfinished work.
 
     verl saves its TQ after our cut, but in ``colocate_async`` its servers are aborted and asleep
@@ -395,6 +396,14 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> dict[str, dict]:
     group whose samples all finished, ``finished``); the samples each holds finished are the ones
     verl stores; a group verl holds that we do not had no sample on a server at the cut, so verl
     stores none of its samples either.
+
+    ``stored_later`` (``separate_async``): a sample a server finished just before the save's abort
+    may still be on its way from the agent loop to the TransferQueue when verl saves it, so our
+    snapshot holds it finished where verl stores nothing (seen once, in a full test run here with a
+    load average of 13 to 16 on 2 cores). Every sample verl stores must then still be one we hold
+    finished; those it does not store are handed back from our record at the resume, never
+    regenerated (the caller's checks that no group was regenerated and no token generated twice
+    cover them).
     """
     folder = checkpoints / f"global_step_{step}"
     out = subprocess.run(
@@ -409,19 +418,25 @@ def _assert_tq_agrees(checkpoints: Path, step: int) -> dict[str, dict]:
     prompts = {key: tag["status"] for key, tag in tags.items() if tag.get("is_prompt", False)}
     stored = {key for key, tag in tags.items() if not tag.get("is_prompt", False) and tag.get("status") == "success"}
     ours = {g.group_id: g for g in load_snapshot(folder).groups}
+    not_yet_stored = 0
     for uid, group in ours.items():
         expected = ("finished",) if group.state is GroupState.READY else ("pending", "running")
         status = prompts.get(uid)
         assert status in expected, f"step {step}: our {group.state.value} group {uid} is {status} in verl's TQ"
         finished = {s.index for s in group.samples if s.state is SampleState.FINISHED}
         verl_has = {i for i in range(len(group.samples)) if trajectory_key(sample_key(uid, i)) in stored}
-        assert finished == verl_has, f"step {step}, group {uid}: we hold {finished} finished, verl stores {verl_has}"
+        agree = verl_has <= finished if stored_later else verl_has == finished
+        assert agree, f"step {step}, group {uid}: we hold {finished} finished, verl stores {verl_has}"
+        not_yet_stored += len(finished - verl_has)
     for uid, status in prompts.items():
         if uid not in ours:
             assert status in ("pending", "running"), f"step {step}: verl holds {uid} {status}, our snapshot not at all"
             assert not any(key.startswith(f"{uid}_") for key in stored), f"step {step}: verl stores samples of {uid}"
     in_flight = sum(g.state is GroupState.IN_FLIGHT for g in ours.values())
-    print(f"step {step}: verl's TQ and our snapshot agree: {in_flight} groups in flight, {len(prompts)} prompts in TQ")
+    print(
+        f"step {step}: verl's TQ and our snapshot agree: {in_flight} groups in flight, {len(prompts)} prompts in TQ,"
+        f" {not_yet_stored} samples finished and not yet stored by verl"
+    )
     return tags
 
 
