@@ -1,5 +1,5 @@
 """What the trainers' partial-rollout config blocks share: reading one from the trainer's config,
-and checking the fields they have in common.
+checking the fields they have in common, and handing their resume settings to the checkpointer.
 
 A block sits inside a trainer's own config (NeMo RL's ``checkpointing.partial_rollouts``, verl's
 ``trainer.v1.partial_rollout_checkpoint``). It refuses keys it does not know, naming the key and
@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from partial_rollout.checkpoint import ON_STALE_CHOICES
+from partial_rollout.checkpoint import ON_STALE_CHOICES, RestorePolicy
 from partial_rollout.errors import ConfigError
 
 T = TypeVar("T")
@@ -54,3 +54,8 @@ def check_fields(config: Any, *, block: str, flags: tuple[str, ...]) -> None:
         )
     if config.events_path is not None and not (isinstance(config.events_path, str) and config.events_path):
         raise ConfigError(f"must be a file path, got {config.events_path!r}", field=f"{block}.events_path")
+
+
+def restore_policy(config: Any) -> RestorePolicy:
+    """A block's ``on_stale`` and ``allow_vllm_change``, as the checkpointer's restore takes them."""
+    return RestorePolicy(on_stale=config.on_stale, allow_vllm_change=config.allow_vllm_change)

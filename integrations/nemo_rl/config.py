@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from partial_rollout.checkpoint import OnStale, RestorePolicy
+from partial_rollout.checkpoint import OnStale
 from partial_rollout_integrations.config_block import check_fields, from_mapping
 
 BLOCK = "checkpointing.partial_rollouts"
@@ -42,11 +42,6 @@ class PartialRolloutsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, block=BLOCK, flags=("enabled", "record_events", "allow_vllm_change"))
-
-    @property
-    def restore_policy(self) -> RestorePolicy:
-        """``on_stale`` and ``allow_vllm_change``, as the checkpointer's restore takes them."""
-        return RestorePolicy(on_stale=self.on_stale, allow_vllm_change=self.allow_vllm_change)
 
     @property
     def active(self) -> bool:

@@ -30,6 +30,7 @@ from nemo_rl.algorithms.single_controller import SingleControllerActor
 from partial_rollout.checkpoint import apply_on_stale
 from partial_rollout.errors import ConfigError
 from partial_rollout.snapshot import GroupState
+from partial_rollout_integrations.config_block import restore_policy
 from partial_rollout_integrations.nemo_rl.config import BLOCK, PartialRolloutsConfig
 from partial_rollout_integrations.nemo_rl.hooks import (
     LedgerLoader,
@@ -188,10 +189,9 @@ def controller_class() -> Any:
                 folder = Path(self._last_checkpoint_path)
             else:
                 folder = pr.events_dir / RECORD_FOLDER.format(step=_checkpoint_step(self._last_checkpoint_path))
-            # NeMo RL commits every restored group again through its pump: nothing is settled here.
             restored = await checkpointer.restore(
                 folder,
-                policy=pr.config.restore_policy,
+                policy=restore_policy(pr.config),
                 step=self._train_steps,
                 partial_rollouts=pr.config.enabled,
             )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import yaml
 from omegaconf import OmegaConf
 
-from partial_rollout.checkpoint import OnStale, RestorePolicy
+from partial_rollout.checkpoint import OnStale
 from partial_rollout.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -199,11 +199,6 @@ class PartialRolloutsConfig:
     allow_vllm_change: bool = False
     """Resume a checkpoint written under another vLLM version: its in-flight samples continue
     without their sampler states, declared inexact. Off, such a resume fails naming both versions."""
-
-    @property
-    def restore_policy(self) -> RestorePolicy:
-        """``on_stale`` and ``allow_vllm_change``, as the checkpointer's restore takes them."""
-        return RestorePolicy(on_stale=self.on_stale, allow_vllm_change=self.allow_vllm_change)
 
 
 @dataclass(kw_only=True, slots=True)

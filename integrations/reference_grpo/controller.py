@@ -56,6 +56,7 @@ from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import ENGINE_FAILOVER, EVENTS_FILENAME, TRAIN_STEP, EventLog, GroupEntry, WorkLedger
 from partial_rollout.pool import EnginePool, NoEngineLeftError
 from partial_rollout.snapshot import Fingerprints, GroupState, SampleRecord
+from partial_rollout_integrations.config_block import restore_policy
 from partial_rollout_integrations.reference_grpo import checkpoint, task
 from partial_rollout_integrations.reference_grpo.config import MasterConfig
 from partial_rollout_integrations.reference_grpo.policy import Policy
@@ -130,7 +131,7 @@ class GRPOLoop:
         oldest = self.version - self.config.async_rl.sampler.max_staleness_versions
         restored = await self.rollouts.restore(
             folder,
-            policy=partial.restore_policy,
+            policy=restore_policy(partial),
             is_stale=lambda group: group.dispatch_version < oldest,
             step=self.step,
             partial_rollouts=partial.enabled,

@@ -24,6 +24,7 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.utils import tensordict_utils as tu
 
+from partial_rollout_integrations.config_block import restore_policy
 from partial_rollout_integrations.verl.client import DurableLLMServerClient, RecordingLLMServerClient
 from partial_rollout_integrations.verl.config import PartialRolloutCheckpointConfig
 from partial_rollout_integrations.verl.rollouts import RECORD_FOLDER, DurableRollouts, RecordingClients
@@ -104,7 +105,7 @@ class PartialRolloutCheckpoint:
         else:
             from omegaconf import OmegaConf
 
-            policy = self._block().restore_policy
+            policy = restore_policy(self._block())
             rollout = OmegaConf.to_container(self.config.actor_rollout_ref.rollout, resolve=True)
             assert isinstance(rollout, dict), "actor_rollout_ref.rollout is a mapping in verl's config"
             self.durable.restore(self._resumed_folder(), step=self.global_steps, rollout=rollout, policy=policy)
