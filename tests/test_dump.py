@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from snapshot_helpers import data_span, example_snapshot, fingerprints, patch_header, rewrite
+from snapshot_helpers import sample as make_sample
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from partial_rollout.cli import main
@@ -441,3 +443,100 @@ def test_command_line_process(ckpt: Path, tmp_path: Path) -> None:
         timeout=120,
     )
     assert help_run.returncode == 0 and "examples:" in help_run.stdout and "GROUP_ID/SAMPLE_INDEX" in help_run.stdout
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_png(path: Path) -> np.ndarray:
+    from matplotlib import image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    pixels: np.ndarray = image.imread(path)
+    return pixels
+
+
+def test_plot_writes_a_png_beside_the_summary(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, plain, _ = dump(capsys, str(ckpt))
+    target = tmp_path / "plots" / "snapshot.png"
+    target.parent.mkdir()
+    status, out, err = dump(capsys, str(ckpt), "--plot", str(target))
+    assert status == EXIT_OK and err == ""
+    assert out == f"{plain}wrote {target}: 4 groups, 8 samples drawn\n"
+    height, width, _ = read_png(target).shape
+    assert height >= 300 and width >= 800
+    assert list(target.parent.iterdir()) == [target]  # no temporary left behind
+
+    status, out, err = dump(capsys, str(ckpt), "--json", "--plot", str(target))
+    assert status == EXIT_OK and json.loads(out)["counts"]["groups"] == 4  # stdout stays JSON
+    assert err == f"wrote {target}: 4 groups, 8 samples drawn\n"
+
+
+def test_plot_of_hundreds_of_samples_draws_the_in_flight_groups_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """320 samples would be bars too thin to read: 60 rows are drawn, in-flight groups first, and it says so."""
+    states = [GroupState.READY] * 20 + [GroupState.PENDING] * 8 + [GroupState.IN_FLIGHT] * 12
+    sample_state = {GroupState.PENDING: SampleState.NOT_STARTED, GroupState.IN_FLIGHT: SampleState.IN_FLIGHT}
+    groups = [
+        GroupRecord(
+            group_id=f"g{g}",
+            prompt_token_ids=[1],
+            state=state,
+            dispatch_version=-1 if state is GroupState.PENDING else 2,
+            samples=[
+                make_sample(
+                    i, sample_state.get(state, SampleState.FINISHED), 0 if state is GroupState.PENDING else i + 1
+                )
+                for i in range(8)
+            ],
+        )
+        for g, state in enumerate(states)
+    ]
+    save_snapshot(Snapshot(trainer_step=9, policy_version=3, fingerprints=fingerprints(), groups=groups), tmp_path)
+    status, out, _ = dump(capsys, str(tmp_path), "--plot", str(tmp_path / "big.png"))
+    assert status == EXIT_OK
+    assert out.splitlines()[-1] == f"wrote {tmp_path / 'big.png'}: 8 of 40 groups, 60 of 320 samples drawn"
+    height, _, _ = read_png(tmp_path / "big.png").shape
+    assert height <= 2000  # 60 rows, not 320
+
+
+def test_plot_refusals_are_one_line_before_anything_is_read(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "plots").mkdir()
+    png = str(tmp_path / "plots" / "p.png")
+    for args, message in (
+        (["--verify"], "--plot cannot be combined with --verify or --request"),
+        (["--request", "flight-2/0"], "--plot cannot be combined with --verify or --request"),
+    ):
+        status, out, err = dump(capsys, str(ckpt), *args, "--plot", png)
+        assert status == EXIT_USAGE and out == "" and err == f"partial-rollout dump: error: {message}\n"
+    for target, message in (
+        (tmp_path / "no" / "p.png", f"no such folder {tmp_path / 'no'}"),
+        (ckpt / SNAPSHOT_FILENAME / "p.png", f"no such folder {ckpt / SNAPSHOT_FILENAME}"),
+        (tmp_path / "p.svg", "the plot is a PNG; name it FILE.png"),
+    ):
+        status, out, err = dump(capsys, str(ckpt), "--plot", str(target))
+        assert status == EXIT_USAGE and out == ""
+        assert err == f"partial-rollout dump: error: --plot {target}: {message}\n"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    status, out, err = dump(capsys, str(ckpt), "--plot", png)
+    assert status == EXIT_USAGE and out == ""
+    assert err == "partial-rollout dump: error: --plot needs matplotlib: pip install 'partial-rollout[bench]'\n"
+    assert list((tmp_path / "plots").iterdir()) == []
+
+
+def test_plot_that_cannot_be_written_is_one_line(
+    ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure to write the PNG names it; the temporary is removed (here: a folder holds its name)."""
+    taken = tmp_path / "plots" / "p.png"
+    taken.mkdir(parents=True)
+    status, out, err = dump(capsys, str(ckpt), "--plot", str(taken))
+    assert status == EXIT_BAD_INPUT and "in flight" in out  # the summary came first
+    assert err == f"error: {taken}: --plot: cannot write it: Is a directory\n"
+    assert list(taken.parent.iterdir()) == [taken] and list(taken.iterdir()) == []

@@ -2,7 +2,7 @@
 
 Usage::
 
-    partial-rollout dump PATH [--json | --request ID | --decode | --verify]
+    partial-rollout dump PATH [--json | --request ID | --decode | --verify] [--plot FILE.png]
     partial-rollout generate [--model DIR] [--prompts N] [--max-tokens M]
     partial-rollout check-resume [--model DIR] [--requests N] [--seed S]
     partial-rollout demo [--trainer NAME] [--config C] [--out DIR]        (from partial_rollout_integrations)

@@ -11,16 +11,22 @@ characters (``ESC [ 2 J`` clears a terminal) or bidirectional overrides (which m
 differently from its bytes). The text output shows every such character as a Python-style escape
 (``\\x1b``, ``\\u202e``; backslashes themselves are left alone); decoded text keeps its line breaks
 and tabs. ``--json`` output escapes them too.
+
+``--plot FILE.png`` also draws the snapshot (:mod:`partial_rollout.cli.dump_plot`) next to the
+summary it prints; it needs matplotlib, the optional ``bench`` extra, and is refused (exit 2) before
+anything is read when that is missing or the file cannot be named as asked.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from partial_rollout.cli.dump_plot import plot_snapshot
 from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE, BadInputError, SnapshotError
 from partial_rollout.fingerprint import TOKENIZER_FILENAME, find_tokenizer_file, tokenizer_fingerprint
 from partial_rollout.snapshot.reader import SnapshotReader
@@ -57,6 +63,10 @@ examples:
   partial-rollout dump ckpt/step_120 --decode        in-flight prefixes as text
   partial-rollout dump run/partial_rollouts.safetensors --decode --tokenizer models/qwen
   partial-rollout dump ckpt/step_120 --verify        full integrity check (exit 0 intact, 3 damaged)
+  partial-rollout dump ckpt/step_120 --plot step_120.png
+                                                     the summary, and the snapshot drawn: each sample's
+                                                     prefix by policy version, its budget left, the
+                                                     groups' states (needs partial-rollout[bench])
 
 A request ID is GROUP_ID/SAMPLE_INDEX (the index within the group, from 0); a group with one
 sample can be named by its group id alone. --decode and the text column of --request use
@@ -88,6 +98,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--limit", metavar="N", type=_count, default=50, help="in-flight samples to list (default 50; 0 = all)"
     )
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the snapshot into a PNG (needs partial-rollout[bench]; not with --verify or --request)",
+    )
     p.set_defaults(func=run)
 
 
@@ -106,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
     if args.verify and (args.decode or args.tokenizer):
         print("partial-rollout dump: error: --verify cannot be combined with --decode or --tokenizer", file=sys.stderr)
         return EXIT_USAGE
+    if args.plot is not None:
+        refused = _plot_refusal(args)
+        if refused:
+            print(f"partial-rollout dump: error: {refused}", file=sys.stderr)
+            return EXIT_USAGE
     if args.verify:
         return _verify(args)
     with SnapshotReader(args.path) as reader:
@@ -122,7 +142,25 @@ def run(args: argparse.Namespace) -> int:
                 sample = reader.group(row["group_id"]).samples[row["sample"]]
                 row["text"] = tokenizer.decode(sample.token_ids.tolist(), skip_special_tokens=False)
         print(_json(summary) if args.json else _format_summary(summary))
+        if args.plot is not None:
+            drawn = plot_snapshot(reader, summary, Path(args.plot))
+            # stdout carries nothing but the JSON under --json
+            print(f"wrote {_printable(args.plot)}: {drawn} drawn", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
+
+
+def _plot_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``--plot`` cannot be done as asked, found before the snapshot is read (so nothing is half done)."""
+    if args.verify or args.request is not None:
+        return "--plot cannot be combined with --verify or --request"
+    target = Path(args.plot)
+    if target.suffix.lower() != ".png":
+        return f"--plot {_printable(args.plot)}: the plot is a PNG; name it FILE.png"
+    if not target.parent.is_dir():
+        return f"--plot {_printable(args.plot)}: no such folder {_printable(target.parent)}"
+    if importlib.util.find_spec("matplotlib") is None:
+        return "--plot needs matplotlib: pip install 'partial-rollout[bench]'"
+    return None
 
 
 def _verify(args: argparse.Namespace) -> int:
