@@ -65,7 +65,9 @@ SETUPS+=("scripts/setup_triton_interpreter.sh")
 # tests that need .venv alone: in a fresh-clone run here the core lane took 3,767 s and the other
 # 2,760 s (set-up and matrix included), this file about 400 s of the core lane's; with it moved, the
 # next run took 3,184 s and about 3,480 s; a third (the machine slower throughout: pure-Python tests
-# 50% slower than before) 3,943 s and 4,435 s. The lanes are to be rebalanced from measurements again.
+# 50% slower than before) 3,943 s and 4,435 s; a fourth (one verl run and two reference-trainer runs
+# fewer) 3,436 s and 3,695 s, this file 120 s of the environments lane's, which the verl kill test's
+# fixture alone moves by more from run to run (539 s to 1,006 s): the lanes stay as they are.
 ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl)
 BALANCE_TESTS=(tests/test_engine_fault_injection.py)
 
