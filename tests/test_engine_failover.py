@@ -410,7 +410,7 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
     snapshot = load_snapshot(tmp_path / "checkpoints" / f"step_{step}")
     continued = [s for g in snapshot.groups for s in g.samples if s.state is SampleState.IN_FLIGHT]
     assert continued and all(s.num_tokens > 0 for s in continued), continued
-    mixed = exactness.version_mix(0, 0, 0).split(" 0..")[0]  # "prefix sampled under policy versions"
+    mixed = exactness.version_mix(0, 0, 0).split(" 0..")[0]  # "prefix computed under policy versions"
     assert all(s.inexact is None or s.inexact.startswith(mixed) for s in continued), [s.inexact for s in continued]
     carried = {rid: n for e in failovers[-1:] for rid, n in e["carried"].items()}
     by_request = {request_id(g.group_id, s.index): s for g in snapshot.groups for s in g.samples}

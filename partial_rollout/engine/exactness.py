@@ -28,7 +28,9 @@ def seeded_not_continued(why: str) -> str:
 
 
 def version_mix(lo: int, hi: int, now: int) -> str:
-    return f"prefix sampled under policy versions {lo}..{hi} is re-prefilled under version {now}"
+    """The KV of a prefix was computed under versions ``lo..hi``: by the tokens' own versions, or by the
+    weights a request ran under across an update (whose newest may have sampled none of its tokens yet)."""
+    return f"prefix computed under policy versions {lo}..{hi} is re-prefilled under version {now}"
 
 
 def inexact_reason(sampling: SamplingSpec, *, num_tokens: int, seeded: str | None) -> str | None:
