@@ -6,11 +6,9 @@ the whole file through its checksums (one sequential read, constant memory, no t
 a damaged file is reported rather than summarised; ``--verify`` also loads the snapshot and checks
 every rule of the format.
 
-A snapshot is input from elsewhere: its group ids, strings and decoded text may hold control
-characters (``ESC [ 2 J`` clears a terminal) or bidirectional overrides (which make text read
-differently from its bytes). The text output shows every such character as a Python-style escape
-(``\\x1b``, ``\\u202e``; backslashes themselves are left alone); decoded text keeps its line breaks
-and tabs. ``--json`` output escapes them too.
+A snapshot is input from elsewhere, so the text output shows every control character in it as a
+Python-style escape (``\\x1b``, ``\\u202e``: :mod:`partial_rollout.cli.escapes`; backslashes themselves
+are left alone); decoded text keeps its line breaks and tabs. ``--json`` output escapes them too.
 
 ``--plot FILE.png`` also draws the snapshot (:mod:`partial_rollout.cli.dump_plot`) next to the
 summary it prints; it needs matplotlib, the optional ``bench`` extra, and is refused (exit 2) before
@@ -27,31 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from partial_rollout.cli.dump_plot import plot_snapshot
+from partial_rollout.cli.escapes import JSON_ESCAPES, TEXT_ESCAPES, printable
 from partial_rollout.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_USAGE, BadInputError, SnapshotError
 from partial_rollout.fingerprint import TOKENIZER_FILENAME, find_tokenizer_file, tokenizer_fingerprint
 from partial_rollout.snapshot.reader import SnapshotReader
 from partial_rollout.snapshot.schema import GroupRecord, SampleRecord
 from partial_rollout.snapshot.summary import summarize
-
-_CONTROL_CHARACTERS = [
-    *range(0x20),  # C0 controls, ESC among them
-    *range(0x7F, 0xA0),  # DEL and the C1 controls (0x9b is a one-byte CSI to some terminals)
-    0x061C,
-    0x200E,
-    0x200F,
-    *range(0x202A, 0x202F),
-    *range(0x2066, 0x206A),  # bidirectional controls
-]
-_ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CONTROL_CHARACTERS} | {
-    ord("\n"): "\\n",
-    ord("\r"): "\\r",
-    ord("\t"): "\\t",
-}
-"""str.translate table: each control character to its Python-style escape."""
-_TEXT_ESCAPES = {c: e for c, e in _ESCAPES.items() if c not in (ord("\n"), ord("\t"))}
-"""The same, keeping line breaks and tabs, for decoded text shown as a block."""
-_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _CONTROL_CHARACTERS if c >= 0x20}
-"""For JSON output: what ``json.dumps`` escapes already (C0) is left to it."""
 
 EXAMPLES = """\
 examples:
@@ -145,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         if args.plot is not None:
             drawn = plot_snapshot(reader, summary, Path(args.plot))
             # stdout carries nothing but the JSON under --json
-            print(f"wrote {_printable(args.plot)}: {drawn} drawn", file=sys.stderr if args.json else sys.stdout)
+            print(f"wrote {printable(args.plot)}: {drawn} drawn", file=sys.stderr if args.json else sys.stdout)
     return EXIT_OK
 
 
@@ -155,9 +134,9 @@ def _plot_refusal(args: argparse.Namespace) -> str | None:
         return "--plot cannot be combined with --verify or --request"
     target = Path(args.plot)
     if target.suffix.lower() != ".png":
-        return f"--plot {_printable(args.plot)}: the plot is a PNG; name it FILE.png"
+        return f"--plot {printable(args.plot)}: the plot is a PNG; name it FILE.png"
     if not target.parent.is_dir():
-        return f"--plot {_printable(args.plot)}: no such folder {_printable(target.parent)}"
+        return f"--plot {printable(args.plot)}: no such folder {printable(target.parent)}"
     if importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib: pip install 'partial-rollout[bench]'"
     return None
@@ -184,7 +163,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(_json(result))
     else:
         print(
-            f"{_printable(result['path'])}: intact: {result['groups']} groups, {result['samples']} samples,"
+            f"{printable(result['path'])}: intact: {result['groups']} groups, {result['samples']} samples,"
             f" {result['tokens']} tokens; the checksums of {result['tensors']} tensors and of the metadata"
             " match, every rule holds"
         )
@@ -282,25 +261,25 @@ def _request(group: GroupRecord, sample: SampleRecord, tokenizer: Any) -> dict[s
 def _format_request(r: dict[str, Any]) -> str:
     sampling = r["sampling"]
     lines = [
-        f"sample {_printable(r['group_id'])}/{r['sample']}: {r['state']}"
+        f"sample {printable(r['group_id'])}/{r['sample']}: {r['state']}"
         f" (group {r['group_state']}, dispatched at version {r['dispatch_version']})",
         f"prompt {r['prompt_tokens']} tokens, prefix {r['prefix_tokens']} tokens, max_tokens {sampling['max_tokens']},"
         f" remaining {r['remaining_tokens']}",
-        "sampling: " + " ".join(f"{k}={_printable(v)}" for k, v in sampling.items() if k != "max_tokens"),
-        f"finish_reason {_printable(r['finish_reason'])}, stop_reason {_printable(r['stop_reason'])},"
+        "sampling: " + " ".join(f"{k}={printable(v)}" for k, v in sampling.items() if k != "max_tokens"),
+        f"finish_reason {printable(r['finish_reason'])}, stop_reason {printable(r['stop_reason'])},"
         f" reward {r['reward']}",
-        f"sampler state {r['sampler_state_bytes']} bytes, inexact: {_printable(r['inexact'] or 'no')}",
-        f"data: {_printable(json.dumps(r['data'], ensure_ascii=False))}",
+        f"sampler state {r['sampler_state_bytes']} bytes, inexact: {printable(r['inexact'] or 'no')}",
+        f"data: {printable(json.dumps(r['data'], ensure_ascii=False))}",
     ]
     header = ["position", "id", "logprob", "version"] + (["text"] if "text" in r else [])
     rows = [
         [str(t["position"]), str(t["id"]), f"{t['logprob']:.4f}", str(t["version"])]
-        + ([_printable(json.dumps(t["text"], ensure_ascii=False))] if "text" in t else [])
+        + ([printable(json.dumps(t["text"], ensure_ascii=False))] if "text" in t else [])
         for t in r["tokens"]
     ]
     lines += ["", *_table(header, rows, numeric=range(4))]
     if "text" in r:
-        lines += ["", "text:", r["text"].translate(_TEXT_ESCAPES)]
+        lines += ["", "text:", r["text"].translate(TEXT_ESCAPES)]
     return "\n".join(lines)
 
 
@@ -308,8 +287,8 @@ def _format_summary(s: dict[str, Any]) -> str:
     c, v, size = s["counts"], s["policy_versions"], s["size"]
     per_token = "n/a" if size["bytes_per_token"] is None else f"{size['bytes_per_token']:.2f}"
     lines = [
-        _printable(s["path"]),
-        f"  format        {s['format']} v{s['format_version']}, written by {_printable(s['writer'])}",
+        printable(s["path"]),
+        f"  format        {s['format']} v{s['format_version']}, written by {printable(s['writer'])}",
         f"  trainer step  {s['trainer_step']}, policy version {s['policy_version']}",
         f"  groups        {c['groups']}: {c['groups_pending']} pending prompts, {c['groups_in_flight']} in flight"
         f" ({c['groups_partial']} partial), {c['groups_ready']} ready",
@@ -324,7 +303,7 @@ def _format_summary(s: dict[str, Any]) -> str:
         f"  size          {size['file_bytes']:,} bytes, {size['sampler_state_bytes']:,} of them sampler states;"
         f" {per_token} bytes per generated token besides sampler states",
         "  fingerprints",
-        *(f"    {k:<13} {_printable(val)}" for k, val in s["fingerprints"].items()),
+        *(f"    {k:<13} {printable(val)}" for k, val in s["fingerprints"].items()),
         "",
     ]
     table = s["in_flight"]
@@ -333,17 +312,17 @@ def _format_summary(s: dict[str, Any]) -> str:
     if rows and "text" in rows[0]:
         for row in rows:
             versions = _span(row["versions"])
-            inexact = f", inexact: {_printable(row['inexact'])}" if row["inexact"] else ""
+            inexact = f", inexact: {printable(row['inexact'])}" if row["inexact"] else ""
             lines.append(
-                f"--- {_printable(row['group_id'])}/{row['sample']}"
+                f"--- {printable(row['group_id'])}/{row['sample']}"
                 f" ({row['prefix_tokens']} tokens, versions {versions}{inexact})"
             )
-            lines.append(row["text"].translate(_TEXT_ESCAPES))
+            lines.append(row["text"].translate(TEXT_ESCAPES))
     elif rows:
         header = ["group", "sample", "prompt", "prefix", "remaining", "versions", "seeded", "sampler_state", "inexact"]
         body = [
             [
-                _printable(row["group_id"]),
+                printable(row["group_id"]),
                 str(row["sample"]),
                 str(row["prompt_tokens"]),
                 str(row["prefix_tokens"]),
@@ -351,7 +330,7 @@ def _format_summary(s: dict[str, Any]) -> str:
                 _span(row["versions"]),
                 "yes" if row["seeded"] else "no",
                 f"{row['sampler_state_bytes']} B" if row["sampler_state_bytes"] else "no",
-                _printable(row["inexact"] or "-"),
+                printable(row["inexact"] or "-"),
             ]
             for row in rows
         ]
@@ -382,15 +361,10 @@ def _span(span: list[int] | None) -> str:
 
 
 def _pairs(counts: dict[str, int]) -> str:
-    return ", ".join(f"{_printable(k)}={v}" for k, v in counts.items()) or "-"
-
-
-def _printable(value: object) -> str:
-    """``str(value)`` with every control character escaped, so snapshot content cannot drive the terminal."""
-    return str(value).translate(_ESCAPES)
+    return ", ".join(f"{printable(k)}={v}" for k, v in counts.items()) or "-"
 
 
 def _json(value: object) -> str:
     """Indented JSON; non-ASCII text stays readable, control characters JSON itself leaves raw
     (DEL, C1, bidirectional) are escaped as ``\\uXXXX``."""
-    return json.dumps(value, ensure_ascii=False, indent=2).translate(_JSON_ESCAPES)
+    return json.dumps(value, ensure_ascii=False, indent=2).translate(JSON_ESCAPES)

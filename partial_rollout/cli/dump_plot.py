@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from partial_rollout.atomic import atomic_write
+from partial_rollout.cli.escapes import printable
 from partial_rollout.errors import BadInputError
 from partial_rollout.snapshot import layout
 from partial_rollout.snapshot.reader import SnapshotReader
@@ -231,9 +232,10 @@ def _title(reader: SnapshotReader, summary: dict[str, Any]) -> str:
 
 
 def _text(text: str, limit: int | None = None) -> str:
-    """Snapshot text as figure text: non-printable characters escaped as the dump's text output does (a
-    snapshot is input from elsewhere), cut to ``limit`` characters, and ``$`` kept literal (not mathtext)."""
-    shown = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    """Snapshot text as figure text: control characters escaped as the dump's text output escapes them
+    (:func:`~partial_rollout.cli.escapes.printable`), cut to ``limit`` characters, and ``$`` kept literal
+    (not mathtext)."""
+    shown = printable(text)
     if limit is not None and len(shown) > limit:
         shown = shown[: limit - 1] + "…"
     return shown.replace("$", r"\$")
