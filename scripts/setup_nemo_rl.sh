@@ -65,7 +65,7 @@ fi
 
 start=$(date +%s)
 steps_log setup-nemo-rl setup-nemo-rl
-echo "setup-nemo-rl: installing NeMo RL's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION and partial-rollout (no dependencies) into $VENV (a few minutes on 2 cores; log: $STEP_LOG)"
+echo "setup-nemo-rl: installing NeMo RL's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION and partial-rollout (no dependencies) into $VENV (about 7 minutes on 2 cores; log: $STEP_LOG)"
 if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c "import sys; sys.exit('%d.%d.%d' % sys.version_info[:3] != '$PY_VERSION')"; then
   step "removing $VENV: it was made with another Python than $ENGINE_VENV" rm -rf "$VENV"
 fi

@@ -52,7 +52,7 @@ fi
 
 start=$(date +%s)
 steps_log setup-verl setup-verl
-echo "setup-verl: installing verl's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION, ${NO_DEPS[*]} and partial-rollout (no dependencies) into $VENV (a few minutes on 2 cores; log: $STEP_LOG)"
+echo "setup-verl: installing verl's pinned controller dependencies ($REQUIREMENTS, a CPU torch among them), ray[default]==$RAY_VERSION, ${NO_DEPS[*]} and partial-rollout (no dependencies) into $VENV (about 6 minutes on 2 cores; log: $STEP_LOG)"
 if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c "import sys; sys.exit('%d.%d.%d' % sys.version_info[:3] != '$PY_VERSION')"; then
   step "removing $VENV: it was made with another Python than $ENGINE_VENV" rm -rf "$VENV"
 fi

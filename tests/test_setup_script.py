@@ -343,7 +343,7 @@ def test_nemo_rl_setup_with_a_failing_pip_prints_the_logs_tail_and_fails(tmp_pat
     assert result.returncode != 0
     out = result.stdout.splitlines()
     assert out[0].startswith("setup-nemo-rl: installing NeMo RL's pinned controller dependencies") and out[0].endswith(
-        "(a few minutes on 2 cores; log: .cache/logs/setup-nemo-rl.log)"
+        "(about 7 minutes on 2 cores; log: .cache/logs/setup-nemo-rl.log)"
     )
     assert len(out) == 3 and all(STEP_FAILED.search(line) for line in out[1:]), out  # both tries
     log = repo / ".cache" / "logs" / "setup-nemo-rl.log"
