@@ -95,7 +95,6 @@ def main() -> None:
                 checkpoints = Path(config.trainer.default_local_dir)
                 (run_dir / "committed.json").write_text(json.dumps(committed_digests(checkpoints)))
             base._save_checkpoint(self)  # type: ignore[attr-defined]
-            step = self.global_steps
             if exit_after and step >= exit_after and (not enabled or _holds_tokens_in_flight(config, step)):
                 print(json.dumps({"killed_after_save": step}), flush=True)  # killed right after it committed
                 os._exit(137)
