@@ -21,6 +21,8 @@ import pytest
 
 T = TypeVar("T")
 
+pytest_plugins = ["cpu_budget"]
+
 # One setting for every engine of the test process: the worker runs inside the engine-core
 # process (cheaper), and vLLM caches its environment once an engine has started.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

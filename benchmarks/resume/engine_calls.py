@@ -35,7 +35,7 @@ async def start_recording(config: EngineConfig, log: StepLog) -> ResumableEngine
     try:
         return await ResumableEngine.attach(llm, config, steps=steps)
     except BaseException:
-        llm.shutdown()
+        llm.shutdown(timeout=config.shutdown_timeout_s)
         raise
 
 

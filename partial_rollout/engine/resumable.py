@@ -134,7 +134,7 @@ class ResumableEngine:
                 steps=steps,
             )
         except BaseException:
-            llm.shutdown()
+            llm.shutdown(timeout=config.shutdown_timeout_s)
             raise
 
     @classmethod
@@ -469,4 +469,4 @@ class ResumableEngine:
         """Stop the engine core now, not in ``AsyncLLM.__del__`` during interpreter exit (which fails noisily)."""
         llm, self._llm = self._llm, None
         if llm is not None:
-            vllm_internals.shutdown(llm)
+            vllm_internals.shutdown(llm, self._config.shutdown_timeout_s)

@@ -251,14 +251,17 @@ def envs_cache_enabled() -> bool | None:
     return bool(check()) if callable(check) else None
 
 
-def shutdown(llm: Any) -> None:
+def shutdown(llm: Any, timeout_s: float) -> None:
     """Stop the engine now, and keep vLLM's ``AsyncLLM.__del__`` from stopping it a second time.
+
+    ``timeout_s``: how long the engine core may take to exit before vLLM kills it
+    (:attr:`~partial_rollout.engine.factory.EngineConfig.shutdown_timeout_s` says why it is short).
 
     The object can outlive our reference (frames kept from vLLM's start-up still hold it), so
     ``__del__`` would run at interpreter exit, after module globals are gone, and print a
     ``TypeError`` at the end of every clean run. Shadowing the instance's ``shutdown`` ends that.
     """
-    llm.shutdown()
+    llm.shutdown(timeout=timeout_s)
     llm.shutdown = lambda *args, **kwargs: None
 
 
