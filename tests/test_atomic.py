@@ -47,6 +47,20 @@ def test_atomic_write_needs_the_folder(tmp_path: Path) -> None:
         pass
 
 
+def test_a_checkpoint_folder_not_made_yet_gets_the_snapshot_inside_it(tmp_path: Path) -> None:
+    """A trainer may cut before it makes its step folder: the snapshot goes inside, not in its place."""
+    from snapshot_helpers import example_snapshot
+
+    save_snapshot(example_snapshot(trainer_step=1), tmp_path / "step_1")
+    assert sorted(p.name for p in (tmp_path / "step_1").iterdir()) == [SNAPSHOT_FILENAME]
+    assert load_snapshot(tmp_path / "step_1").trainer_step == 1
+    save_snapshot(example_snapshot(trainer_step=2), tmp_path / "named.safetensors")  # a file, by its suffix
+    assert load_snapshot(tmp_path / "named.safetensors").trainer_step == 2
+    with pytest.raises(FileNotFoundError, match="no such folder"):  # only the folder itself is made
+        save_snapshot(example_snapshot(trainer_step=3), tmp_path / "missing" / "step_3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["named.safetensors", "step_1"]
+
+
 def test_refused_snapshot_save_keeps_previous(tmp_path: Path) -> None:
     """A snapshot whose header would exceed safetensors' 100 MB limit is refused; the old file stays."""
     from snapshot_helpers import example_snapshot

@@ -139,7 +139,8 @@ def test_the_trainers_check_sees_the_snapshot_once_and_its_refusal_restores_noth
         moved = loader.state_dict()
         resumed = _checkpointer(run, loader=loader)
         events_before = (run / "events.jsonl").read_bytes()
-        with pytest.raises(SnapshotError, match=r"step_1: groups\[0\]\.group_id: is not of"):
+        refused = r"step_1/partial_rollouts\.safetensors: groups\[0\]\.group_id: is not of"
+        with pytest.raises(SnapshotError, match=refused):
             await resumed.restore(run / "step_1", check=refuse, step=1)
         assert seen == [(["e0:0", "e0:1", "e0:2"], find_snapshot(run / "step_1"))]
         assert list(resumed.ledger.groups()) == [] and resumed.ledger.last_save_id is None

@@ -17,10 +17,18 @@ SNAPSHOT_FILENAME = "partial_rollouts.safetensors"
 
 
 def snapshot_path(path: str | os.PathLike[str]) -> Path:
-    """The file :func:`~partial_rollout.snapshot.save_snapshot` writes for ``path``:
-    ``<path>/partial_rollouts.safetensors`` for an existing folder, else ``path`` itself."""
+    """The file :func:`~partial_rollout.snapshot.save_snapshot` writes for ``path``.
+
+    ``<path>/partial_rollouts.safetensors`` for a folder: one that exists, or a path that does not
+    exist yet and does not end in ``.safetensors`` (a trainer's checkpoint folder may be made after
+    the cut is taken; the writer makes it). Else ``path`` itself: a ``.safetensors`` file, or an
+    existing file to replace. A missing folder named as the file would leave a file where the
+    trainer then makes its folder.
+    """
     target = Path(path)
-    return target / SNAPSHOT_FILENAME if target.is_dir() else target
+    if target.is_dir() or (not target.exists() and target.suffix != ".safetensors"):
+        return target / SNAPSHOT_FILENAME
+    return target
 
 
 def find_snapshot(path: str | os.PathLike[str]) -> Path:

@@ -23,7 +23,7 @@ from partial_rollout.snapshot._checks import canonical_json
 from partial_rollout.snapshot.checksum import ALGORITHM, CHECKSUMS_KEY, metadata_checksum, tensor_checksum
 from partial_rollout.snapshot.container import Chunks
 from partial_rollout.snapshot.layout import FORMAT_NAME, FORMAT_VERSION
-from partial_rollout.snapshot.paths import snapshot_path
+from partial_rollout.snapshot.paths import SNAPSHOT_FILENAME, snapshot_path
 from partial_rollout.snapshot.runs import encode_runs
 from partial_rollout.snapshot.schema import Snapshot
 
@@ -36,14 +36,18 @@ def save_snapshot(snapshot: Snapshot, path: str | os.PathLike[str]) -> int:
 
     Args:
         snapshot: what to save.
-        path: the file to write, or an existing checkpoint folder (the file is then
-            ``<folder>/partial_rollouts.safetensors``).
+        path: a checkpoint folder (the file is then ``<folder>/partial_rollouts.safetensors``;
+            the folder is made if it does not exist, its parent is not), or a file to write
+            (:func:`~partial_rollout.snapshot.paths.snapshot_path` says which).
 
     Returns:
         The size of the file written, in bytes.
     """
     tensors, metadata = encode_snapshot(snapshot)
-    with atomic_write(snapshot_path(path)) as tmp:
+    final = snapshot_path(path)
+    if final.name == SNAPSHOT_FILENAME and final.parent.parent.is_dir():
+        final.parent.mkdir(exist_ok=True)  # the checkpoint folder itself; in a missing parent, atomic_write refuses
+    with atomic_write(final) as tmp:
         return container.write_file(tmp, tensors, metadata)
 
 
