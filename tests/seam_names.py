@@ -216,3 +216,34 @@ def overriding(overrides: Iterable[Override]) -> list[Use]:
         if isinstance(base, type) and has_member(base, override.method):
             out.append(Use(override.where, (*override.base, override.method)))
     return out
+
+
+def unused(seams: Sequence[Any], paths: Iterable[Path], root: Path) -> list[str]:
+    """``module[.class].member`` for each member a seam probes that no source file names.
+
+    A name counts as named where it is read or written as an attribute, bound as a name, imported,
+    defined, or written as a string (``getattr(x, "name")``): that catches the uses :func:`scan`
+    cannot see (an attribute of an object the framework handed us), so only a member nothing in the
+    sources mentions at all is reported. A probe of such a member refuses a framework release that
+    dropped a name we never use.
+    """
+    named: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path.relative_to(root)))):
+            if isinstance(node, ast.Attribute):
+                named.add(node.attr)
+            elif isinstance(node, ast.Name):
+                named.add(node.id)
+            elif isinstance(node, ast.alias):
+                named.add((node.asname or node.name).rsplit(".", 1)[-1])
+                named.add(node.name.rsplit(".", 1)[-1])
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                named.add(node.name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                named.add(node.value)
+    return [
+        ".".join(filter(None, (seam.module, seam.cls, member)))
+        for seam in seams
+        for member in seam.members
+        if member not in named
+    ]

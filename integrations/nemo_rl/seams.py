@@ -42,7 +42,6 @@ SEAMS: tuple[Seam, ...] = (
             "__init__",
             "_save_checkpoint",
             "_maybe_restore_replay_buffer",
-            "_rollout_pump",
             "_sync_weights",
             "run",
             "_dataloader",
@@ -57,10 +56,13 @@ SEAMS: tuple[Seam, ...] = (
             "_sampler",
             "_train_steps",
         ),
+        # The prompts a restore hands back enter through NeMo RL's own pump (permits, staleness).
+        relied_on=("_rollout_pump",),
     ),
     # What the hooks (hooks.py) derive from or read: the rollout, its records, the environment's
     # return, the replay buffer and the checkpoint manager.
-    Seam(_ROLLOUT, "RolloutManager", ("generate_and_push", "run_rollout", "_impl")),
+    # generate_and_push reserves a buffer slot, calls the run_rollout we wrap and commits the group.
+    Seam(_ROLLOUT, "RolloutManager", ("run_rollout", "_impl"), relied_on=("generate_and_push",)),
     Seam(_ROLLOUT, "AsyncRolloutImpl", ("run_rollout", "_run_single_rollout", "_task_to_env")),
     Seam(_INTERFACES, "PromptGroupRecord", ("completions",)),
     Seam(_INTERFACES, "Completion", ("reward",)),
@@ -69,8 +71,20 @@ SEAMS: tuple[Seam, ...] = (
         "EnvironmentReturn",
         ("observations", "metadata", "next_stop_strings", "rewards", "terminateds", "answers"),
     ),
-    Seam(_BUFFER, "TQReplayBuffer", ("reserve", "commit", "remove", "state_dict", "_group_ids", "ready_list")),
-    Seam("nemo_rl.utils.checkpoint", "CheckpointManager", ("init_tmp_checkpoint", "begin_finalization")),
+    # reserve and commit fill the _group_ids and ready_list our remove reads.
+    Seam(
+        _BUFFER,
+        "TQReplayBuffer",
+        ("remove", "state_dict", "_group_ids", "ready_list"),
+        relied_on=("reserve", "commit"),
+    ),
+    # init_tmp_checkpoint makes the tmp_step_N folder our snapshot is written into before the rename.
+    Seam(
+        "nemo_rl.utils.checkpoint",
+        "CheckpointManager",
+        ("begin_finalization",),
+        relied_on=("init_tmp_checkpoint",),
+    ),
     Seam("nemo_rl.distributed.batched_data_dict", None, ("BatchedDataDict",)),
     # The CPU harness (cpu.py): NeMo RL's own loss, advantages, collation and set-up pieces.
     Seam("nemo_rl.algorithms.grpo", None, ("_create_advantage_estimator", "_get_grpo_save_state")),

@@ -32,12 +32,12 @@ VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 SEAMS: tuple[Seam, ...] = (
     # The entry point (__main__, runner): verl's main_ppo, mirrored.
     Seam("verl.trainer.main_ppo", None, ("main", "run_ppo", "TaskRunnerV1")),
-    Seam("verl.trainer.main_ppo", "TaskRunnerV1", ("run", "init_agent_loop_manager")),
+    Seam("verl.trainer.main_ppo", "TaskRunnerV1", ("run",)),
     Seam("verl.utils.config", None, ("validate_config",)),
     Seam("verl.trainer.ppo.utils", None, ("need_critic", "need_reference_policy")),
     Seam("verl.utils.device", None, ("auto_set_device",)),
     # The trainer: save, load and re-issue own the in-flight work.
-    Seam(_TRAINER, None, ("get_trainer_cls", "register_trainer", "TRAINER_REGISTRY")),
+    Seam(_TRAINER, None, ("get_trainer_cls", "TRAINER_REGISTRY")),
     Seam(
         _TRAINER,
         "PPOTrainer",
@@ -48,7 +48,6 @@ SEAMS: tuple[Seam, ...] = (
             "_reissue_inflight_prompts",
             "_setup",
             "fit",
-            "_submit_batch_to_rollout",
             "get_llm_client",
             "_rollout_server_managers",
             "llm_server_manager",
@@ -79,15 +78,18 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         _AGENT_LOOP,
         "AgentLoopWorkerTQ",
-        ("__init__", "_run_agent_loop", "_run_prompt", "_agent_loop_postprocess", "generate_sequences", "llm_client"),
+        ("__init__", "_run_agent_loop", "generate_sequences", "llm_client"),
+        # Our _run_agent_loop is reached through _run_prompt, and what it returns for a sample the
+        # snapshot holds finished (no engine work) is what _agent_loop_postprocess takes.
+        relied_on=("_run_prompt", "_agent_loop_postprocess"),
     ),
     Seam(
         _AGENT_LOOP,
         "AgentLoopManagerTQ",
         ("__init__", "create", "generate_sequences", "agent_loop_workers_class", "agent_loop_workers"),
     ),
-    # The async client: where the partial tokens of earlier attempts live.
-    Seam(_LLM_SERVER, "LLMServerClient", ("_vllm_request_id", "generate")),
+    # The async client: every attempt of a sample goes through its generate.
+    Seam(_LLM_SERVER, "LLMServerClient", ("generate",)),
     Seam(_LLM_SERVER, "FullyAsyncLLMServerClient", ("__init__", "generate"), bases=("LLMServerClient",)),
     Seam(
         _LLM_SERVER,
@@ -127,7 +129,7 @@ SEAMS: tuple[Seam, ...] = (
         "transfer_queue",
         None,
         # init and close: the CPU run (demo) starts TransferQueue as verl's TaskRunnerV1 does.
-        ("save_checkpoint", "load_checkpoint", "kv_list", "kv_batch_get", "kv_batch_put", "kv_clear", "init", "close"),
+        ("save_checkpoint", "load_checkpoint", "kv_list", "kv_batch_get", "kv_batch_put", "init", "close"),
     ),
 )
 """Every verl (and TransferQueue) name the integration uses, checked by :func:`check_seams`."""

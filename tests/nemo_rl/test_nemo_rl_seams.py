@@ -32,6 +32,12 @@ def test_every_nemo_rl_name_the_integration_uses_is_probed() -> None:
     assert seam_names.uncovered(uses, seams.SEAMS + seams.GPU_SEAMS + seams.VLLM_SEAMS) == []
 
 
+def test_every_name_the_probe_lists_is_one_the_integration_names() -> None:
+    """The other way round (``relied_on`` holds what we depend on without naming it)."""
+    sources = [p for p in INTEGRATION.rglob("*.py") if p.name != "seams.py"]
+    assert seam_names.unused(seams.SEAMS + seams.GPU_SEAMS + seams.VLLM_SEAMS, sources, REPO) == []
+
+
 PROBE = """
 import json
 from pathlib import Path

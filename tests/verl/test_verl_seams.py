@@ -23,6 +23,23 @@ def test_every_verl_name_the_integration_uses_is_probed() -> None:
     assert seam_names.uncovered(uses, seams.SEAMS + seams.GPU_SEAMS) == []
 
 
+def test_every_name_the_probe_lists_is_one_the_integration_names() -> None:
+    """The other way round: a probed member nothing of ours mentions would refuse a verl release for
+    a name we never use (a member we depend on without naming it is listed as ``relied_on``)."""
+    sources = [p for p in INTEGRATION.rglob("*.py") if p.name != "seams.py"]
+    assert seam_names.unused(seams.SEAMS + seams.GPU_SEAMS, sources, REPO) == []
+
+
+def test_unused_reports_a_probed_name_no_source_mentions(tmp_path: Path) -> None:
+    source = tmp_path / "ours.py"
+    source.write_text('import json\njson.dumps\ngetattr(json.JSONDecoder, "raw_decode")\n')
+    listed = (
+        Seam("json", None, ("dumps", "loads")),
+        Seam("json", "JSONDecoder", ("raw_decode", "decode"), relied_on=("scan_once",)),
+    )
+    assert seam_names.unused(listed, [source], tmp_path) == ["json.loads", "json.JSONDecoder.decode"]
+
+
 SNIPPET = """
 import transfer_queue as tq
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
@@ -32,7 +49,7 @@ class Trainer(colocate.PPOTrainerColocateAsync):
     def _save_checkpoint(self):
         self.mine = 1
         tq.kv_list().keys()
-        self._submit_batch_to_rollout(self.mine)
+        self.get_llm_client(self.mine)
         self._not_probed()
         return super()._also_not_probed()
 
