@@ -6,9 +6,9 @@ tear-down together), the CPU seconds of the pytest process and of every process 
 core, a trainer run, a Ray cluster and its workers. Ray's workers are children of its raylet and are
 killed, not reaped by us, so ``RUSAGE_CHILDREN`` would miss them: the descendants are read from
 ``/proc`` every half second (and at each test's start and end) instead, which misses at most the
-last half second of each process. Each process not under pytest is read once, so a sample costs a
-listing of ``/proc`` and the stat files of pytest's own few dozen descendants. With ``--cpu-top=N``
-it prints the N costliest tests and the total at the end; ``--cpu-json=FILE`` writes them all.
+last half second of each process (a process that leaves the tree, a daemon, stops counting). A
+sample reads the tree's ``/proc`` files only, a few dozen. With ``--cpu-top=N`` it prints the N
+costliest tests and the total at the end; ``--cpu-json=FILE`` writes them all.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from engine_kills import process_tree
 
 INTERVAL_S = 0.5
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -39,7 +40,6 @@ class _Descendants:
         self.spent: defaultdict[str, float] = defaultdict(float)
         self.current: str | None = None
         self._seen: dict[tuple[int, int], float] = {}  # (pid, start tick) -> CPU seconds last read
-        self._outside: set[int] = set()  # processes not under this one, not read again
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-budget", daemon=True)
@@ -51,27 +51,15 @@ class _Descendants:
 
     def sample(self) -> None:
         with self._lock:
-            alive = {int(name) for name in os.listdir("/proc") if name.isdigit()}
-            self._outside &= alive  # a pid freed and reused is read again
-            read: dict[int, tuple[int, int, float]] = {}  # pid -> (parent, start tick, CPU seconds)
-            for pid in alive - self._outside:  # new processes, and ours: a few dozen stat files
+            for pid in process_tree(os.getpid())[1:]:
                 try:
                     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 except OSError:
                     continue  # gone meanwhile
-                read[pid] = (int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / _TICK)
-            ours, root, grew = set(), os.getpid(), True
-            while grew:  # a new child of a new child is ours too
-                grew = False
-                for pid, (parent, _, _) in read.items():
-                    if pid not in ours and (parent == root or parent in ours):
-                        ours.add(pid)
-                        grew = True
-            self._outside |= read.keys() - ours  # never under us (a daemon leaves: it stops counting)
-            for pid in ours:
-                _, start, cpu = read[pid]
-                delta = cpu - self._seen.get((pid, start), 0.0)
-                self._seen[(pid, start)] = cpu
+                key = (pid, int(fields[19]))  # a pid freed and reused starts again from 0
+                cpu = (int(fields[11]) + int(fields[12])) / _TICK
+                delta = cpu - self._seen.get(key, 0.0)
+                self._seen[key] = cpu
                 if self.current is not None and delta > 0:
                     self.spent[self.current] += delta
 

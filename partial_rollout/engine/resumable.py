@@ -134,7 +134,7 @@ class ResumableEngine:
                 steps=steps,
             )
         except BaseException:
-            llm.shutdown(timeout=config.shutdown_timeout_s)
+            vllm_internals.shutdown(llm, config.shutdown_timeout_s)
             raise
 
     @classmethod
