@@ -26,6 +26,12 @@ def test_missing_tokenizer_is_clear(tiny_llama: Path, tmp_path: Path) -> None:
         EngineConfig(model=str(tmp_path))
 
 
+@pytest.mark.parametrize("bad", ["1s", 0, -1.0, float("nan"), True])
+def test_a_bad_shutdown_timeout_is_clear(tiny_llama: Path, bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"shutdown_timeout_s: must be a positive number of seconds"):
+        EngineConfig(model=str(tiny_llama), shutdown_timeout_s=bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("bad", ["256M", 2.5e8, -1, 0, True])
 def test_non_integer_kv_size_is_clear(tiny_llama: Path, bad: object) -> None:
     with pytest.raises(ConfigError, match=r"kv_cache_memory_bytes: must be a positive integer"):
