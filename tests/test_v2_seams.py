@@ -74,7 +74,7 @@ FRONT_END: Mapping[str, tuple[str, ...]] = {
     "collective_rpc": ("kwargs",),
     "reset_prefix_cache": (),
     "generate": (),
-    "shutdown": (),
+    "shutdown": ("timeout",),
     "get_tokenizer": (),
     "model_config": (),
 }
