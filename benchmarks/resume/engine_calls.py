@@ -25,7 +25,7 @@ async def start_recording(config: EngineConfig, log: StepLog) -> ResumableEngine
     Started as a trainer starts its own vLLM engine and hands it over (:meth:`ResumableEngine.attach`),
     because that is the one way to add a stat logger of our own (:func:`benchmarks.resume.steps.recorder`).
     """
-    from partial_rollout.engine import ResumableEngine, vllm_internals, with_worker_hooks
+    from partial_rollout.engine import ResumableEngine, with_worker_hooks
     from partial_rollout.engine.factory import make_async_engine
     from partial_rollout.engine.progress import StepCount, step_logger_factory
 
@@ -35,7 +35,7 @@ async def start_recording(config: EngineConfig, log: StepLog) -> ResumableEngine
     try:
         return await ResumableEngine.attach(llm, config, steps=steps)
     except BaseException:
-        vllm_internals.shutdown(llm, config.shutdown_timeout_s)
+        llm.shutdown(timeout=config.shutdown_timeout_s)
         raise
 
 
