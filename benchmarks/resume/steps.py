@@ -151,6 +151,18 @@ class Timeline:
         span = float(durations.sum())
         return len(durations) / span, float(tokens.sum()) / span
 
+    def decoding_until(self, t: float) -> float:
+        """End of the engine's last step before it next stood idle after ``t``; ``nan`` before the first step.
+
+        A window reaching past it crosses a gap (the work ran out, or the engine only prefilled) and is
+        not measured: this says why.
+        """
+        k = int(np.searchsorted(self.ends, t, side="right"))
+        if k == 0:
+            return math.nan
+        gaps = np.flatnonzero(~self.known[k:])
+        return float(self.ends[k + int(gaps[0]) - 1]) if len(gaps) else float(self.ends[-1])
+
     def lost(self, a: float, b: float, rate: float) -> float:
         """Steps lost over ``[a, b]``: ``rate`` x (b - a) minus the steps run in it (signed); ``nan`` across a gap."""
         first, last = np.searchsorted(self.ends, [a, b], side="right")
@@ -198,5 +210,6 @@ def cost(
         steps_lost_after=timeline.lost(gate, end, rate),
         tok_s_around=around,
         around_vs_steady=around / tok_s if tok_s > 0 else math.nan,
+        decoding_until_ms=1000 * (timeline.decoding_until(t_cut) - t_cut),
     )
     return {k: None if math.isnan(v) else v for k, v in figures.items()}
