@@ -148,18 +148,22 @@ def test_tiny_benchmark_end_to_end(tmp_path: Path) -> None:
         # measured: the engine decoded throughout the save's own window (every sample had >= 16 tokens to go)
         assert isinstance(save[f"{run}steps_lost"], float) and save[f"{run}steady_step_ms"] > 0, run
         assert save[f"{run}decoding_until_ms"] > save["gate_ms"], run
-        # the window after it is measured unless the work ran out inside it (the write can outlast this
-        # tiny workload on a slow or shared machine, as it did once in CI): then it says so
+        # the window after it is measured where the engine decoded without a gap through it; on a slow or
+        # shared machine the write can outlast this tiny workload's decoding (775 ms in one CI run): then
+        # the engine stood idle inside the window, and the figure is null and says where
         measured = save[f"{run}decoding_until_ms"] > end_ms
         assert isinstance(save[f"{run}steps_lost_after"], float) == measured, (run, save)
-        assert isinstance(save[f"{run}tok_s_around"], float) == measured, (run, save)
+        if measured:
+            assert isinstance(save[f"{run}tok_s_around"], float), (run, save)
     if save["steps_lost_after"] is not None and save["twin_steps_lost_after"] is not None:
         diff = save["steps_lost_after"] - save["twin_steps_lost_after"]
         assert save["steps_lost_after_vs_twin"] == pytest.approx(diff)
-        assert save["around_vs_steady"] == pytest.approx(save["tok_s_around"] / save["steady_tok_s"])
-        assert save["tok_s_around_vs_twin"] == pytest.approx(save["around_vs_steady"] / save["twin_around_vs_steady"])
     else:
-        assert save["steps_lost_after_vs_twin"] is None and save["tok_s_around_vs_twin"] is None
+        assert save["steps_lost_after_vs_twin"] is None
+    if save["tok_s_around"] is not None:
+        assert save["around_vs_steady"] == pytest.approx(save["tok_s_around"] / save["steady_tok_s"])
+    if save["around_vs_steady"] is not None and save["twin_around_vs_steady"] is not None:
+        assert save["tok_s_around_vs_twin"] == pytest.approx(save["around_vs_steady"] / save["twin_around_vs_steady"])
     targets = point["summary"]["targets"]
     assert targets["steps_lost_target"] == 0.1
     assert targets["steps_lost_median"] == save["steps_lost"]  # one repetition

@@ -152,10 +152,10 @@ class Timeline:
         return len(durations) / span, float(tokens.sum()) / span
 
     def decoding_until(self, t: float) -> float:
-        """End of the engine's last step before it next stood idle after ``t``; ``nan`` before the first step.
+        """End of the engine's last step before its first gap after ``t``; ``nan`` before the first step.
 
-        A window reaching past it crosses a gap (the work ran out, or the engine only prefilled) and is
-        not measured: this says why.
+        A window reaching past it crosses a gap (a step in which no request decoded: the work ran out,
+        or the step only prefilled) and is not measured: this says why.
         """
         k = int(np.searchsorted(self.ends, t, side="right"))
         if k == 0:
