@@ -1,5 +1,6 @@
 """Snapshot builders shared by the snapshot, atomic and dump tests (a helpers module: pytest collects no tests from it).
 
+``save_ledger`` saves a work ledger without an engine, as the checkpointer's window does with one.
 ``example_snapshot`` covers every group and sample state in a few groups; ``snapshots`` is the
 hypothesis strategy of arbitrary valid snapshots; ``rewrite`` and ``patch_header`` craft files that
 break exactly one rule while keeping every checksum right, so a test sees the check it targets.
@@ -10,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import load_file
 
+from partial_rollout.ledger import WorkLedger
 from partial_rollout.snapshot import (
     Fingerprints,
     GroupRecord,
@@ -29,10 +32,48 @@ from partial_rollout.snapshot import (
     SamplingSpec,
     Snapshot,
     container,
+    save_snapshot,
 )
 from partial_rollout.snapshot.checksum import metadata_checksum, tensor_checksum
 
 VOCAB = 1000
+
+
+def save_ledger(
+    ledger: WorkLedger,
+    folder: str | os.PathLike[str],
+    *,
+    trainer_step: int,
+    policy_version: int,
+    fingerprints: Fingerprints,
+    loader_state: dict[str, Any] | None,
+    states: Collection[GroupState] = frozenset(GroupState),
+    metadata: dict[str, Any] | None = None,
+    **event_fields: Any,
+) -> Snapshot:
+    """The ledger's cut, its ``save`` event, then the snapshot written and its outcome logged; returns the snapshot.
+
+    The order of :class:`partial_rollout.checkpoint.RolloutCheckpointer`'s window (cut, thaw, write),
+    for tests of the ledger and its events that need no engine.
+    """
+    cut = ledger.cut(
+        folder,
+        trainer_step=trainer_step,
+        policy_version=policy_version,
+        fingerprints=fingerprints,
+        loader_state=loader_state,
+        states=states,
+        metadata=metadata,
+    )
+    ledger.record_save(cut, **event_fields)
+    try:
+        snapshot = cut.to_snapshot()
+        size = save_snapshot(snapshot, cut.path)
+    except BaseException as exc:
+        ledger.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
+        raise
+    ledger.record_written(cut, bytes=size)
+    return snapshot
 
 
 def fingerprints(**overrides: Any) -> Fingerprints:

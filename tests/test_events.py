@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NotRequired, get_origin, get_type_hints
 
-from snapshot_helpers import fingerprints
+from snapshot_helpers import fingerprints, save_ledger
 
 from partial_rollout.ledger import TRAIN_STEP, EventKind, EventLog, WorkLedger, read_events
 from partial_rollout.ledger import events as ev
@@ -65,7 +65,9 @@ def _every_kind(run: Path) -> list[dict[str, Any]]:
     ledger.log(TRAIN_STEP, trainer_field=2)
     (run / "ckpt").mkdir()
     fp = fingerprints()
-    ledger.save(run / "ckpt", trainer_step=1, policy_version=0, fingerprints=fp, loader_state=None, trainer_field=3)
+    save_ledger(
+        ledger, run / "ckpt", trainer_step=1, policy_version=0, fingerprints=fp, loader_state=None, trainer_field=3
+    )
     failed = ledger.cut(run / "never", trainer_step=1, policy_version=0, fingerprints=fp, loader_state=None)
     ledger.record_save(failed)
     ledger.record_save_failed(failed, error="OSError: disk full")

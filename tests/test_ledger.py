@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from snapshot_helpers import save_ledger
 
 from partial_rollout.errors import BadInputError, PartialRolloutError, SnapshotError
 from partial_rollout.ledger import (
@@ -144,7 +145,7 @@ def test_state_dict_is_a_small_manifest_without_tokens(tmp_path: Path) -> None:
         ledger.yield_group(f"long{i}", np.arange(1000) % 500, [SPEC])
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    save_ledger(ledger, folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
     manifest = ledger.state_dict()
     assert manifest == {
         "version": STATE_VERSION,
@@ -161,7 +162,7 @@ def test_save_and_load_restore_the_groups_from_the_snapshot(tmp_path: Path) -> N
     ledger = busy_ledger(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    snap = ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state={"cursor": 3})
+    snap = save_ledger(ledger, folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state={"cursor": 3})
     restored = WorkLedger()
     loaded = restored.load(folder, expect=FP)
     assert loaded == snap and loaded.loader_state == {"cursor": 3}
@@ -176,8 +177,14 @@ def test_save_and_load_restore_the_groups_from_the_snapshot(tmp_path: Path) -> N
 
     ready_only = tmp_path / "ready_only"
     ready_only.mkdir()
-    ledger.save(
-        ready_only, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None, states={GroupState.READY}
+    save_ledger(
+        ledger,
+        ready_only,
+        trainer_step=4,
+        policy_version=4,
+        fingerprints=FP,
+        loader_state=None,
+        states={GroupState.READY},
     )
     assert [g.group_id for g in WorkLedger().load(ready_only).groups] == ["ready"]
 
@@ -186,7 +193,7 @@ def test_load_state_dict_restores_the_manifest_and_leaves_groups_to_load(tmp_pat
     ledger = busy_ledger(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    ledger.save(folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
+    save_ledger(ledger, folder, trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None)
     manifest = json.loads(json.dumps(ledger.state_dict()))  # as a trainer would store it
     copy = WorkLedger()
     copy.yield_group("stale", [0, 1], [SPEC])
@@ -218,7 +225,8 @@ def test_load_refuses_a_snapshot_whose_manifest_is_not_the_ledgers(tmp_path: Pat
     ledger = busy_ledger(tmp_path)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    ledger.save(
+    save_ledger(
+        ledger,
         folder,
         trainer_step=4,
         policy_version=4,
@@ -313,7 +321,7 @@ def kill_and_resume(tmp_path: Path, *, keep: set[GroupState]) -> Path:
     p1.yield_group("c", [0, 1], [SPEC])
     p1.dispatch("c", policy_version=1)
     p1.yield_group("d", [0, 1], [SPEC])
-    p1.save(folder, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None, states=keep)
+    save_ledger(p1, folder, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None, states=keep)
     # Work after the save: trained by process 1, then thrown away with it (SIGKILL).
     p1.finish("c", finished(0, n=6))
     p1.consume(["b", "c"], step=2)
@@ -426,7 +434,7 @@ def test_audit_across_repeated_kills_and_a_save_that_never_committed(tmp_path: P
     p1.record_start()
     run_group(p1, "a", step=1)
     run_group(p1, "b")
-    p1.save(s1, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
+    save_ledger(p1, s1, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
     p1.consume(["b"], step=2)
     p1.events.close()
 
@@ -437,7 +445,7 @@ def test_audit_across_repeated_kills_and_a_save_that_never_committed(tmp_path: P
     run_group(p2, "c")
     s2 = tmp_path / "s2.tmp"  # never renamed: no resume can use it
     s2.mkdir()
-    p2.save(s2, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    save_ledger(p2, s2, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
     p2.consume(["c"], step=3)
     p2.events.close()
 
@@ -482,7 +490,7 @@ def test_a_failed_write_names_the_previous_save_again_and_the_next_one_works(tmp
     ledger = busy_ledger(tmp_path)
     first = tmp_path / "first"
     first.mkdir()
-    ledger.save(first, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    save_ledger(ledger, first, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
     kept = ledger.last_save_id
     cut = ledger.cut(
         tmp_path / "missing" / "x.safetensors", trainer_step=4, policy_version=4, fingerprints=FP, loader_state=None
@@ -494,7 +502,7 @@ def test_a_failed_write_names_the_previous_save_again_and_the_next_one_works(tmp
     assert ledger.last_save_id == kept and ledger.state_dict()["last_save_id"] == kept
     second = tmp_path / "second"
     second.mkdir()
-    ledger.save(second, trainer_step=6, policy_version=6, fingerprints=FP, loader_state=None)
+    save_ledger(ledger, second, trainer_step=6, policy_version=6, fingerprints=FP, loader_state=None)
     assert load_snapshot(second).metadata["ledger"]["last_save_id"] == ledger.last_save_id != kept
     kinds = [e["event"] for e in read_events(tmp_path / "events.jsonl") if e["event"].startswith("save")]
     assert kinds == ["save", "save_written", "save", "save_failed", "save", "save_written"]
@@ -526,7 +534,7 @@ def resumed_log(
     p1.dispatch("b", policy_version=1)
     p1.finish("b", finished(0))
     p1.capture({request_id("b", 1): dataclasses.replace(in_flight(4), index=1)})
-    p1.save(folder, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
+    save_ledger(p1, folder, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
     for gid in ("c", "d"):
         p1.yield_group(gid, [0, 1], [SPEC])
     p1.events.close()
@@ -569,11 +577,11 @@ def test_a_save_refuses_a_ready_group_with_unfinished_samples_and_keeps_the_last
     ledger = WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True))
     ledger.yield_group("g", [0, 1], [SPEC, SPEC])
     ledger.dispatch("g", policy_version=1)
-    ledger.save(tmp_path, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
+    save_ledger(ledger, tmp_path, trainer_step=1, policy_version=1, fingerprints=FP, loader_state=None)
     kept = (tmp_path / SNAPSHOT_FILENAME).read_bytes()
     ledger["g"].state = GroupState.READY
     with pytest.raises(ValueError, match="group 'g': every sample of a ready group must be finished"):
-        ledger.save(tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+        save_ledger(ledger, tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
     assert (tmp_path / SNAPSHOT_FILENAME).read_bytes() == kept
     assert [e["event"] for e in read_events(tmp_path / "events.jsonl")][-1] == "save_failed"
 
@@ -588,7 +596,7 @@ def test_adopted_groups_are_saved_as_their_records_are_and_reopened_ones_settle_
     for gid in ("pending", "flying"):
         ledger.adopt_ready(gid, reason="committed_after_cut")
     assert {g.group_id for g in ledger.groups(GroupState.READY)} == {"pending", "flying", "done"}
-    snapshot = ledger.save(tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
+    snapshot = save_ledger(ledger, tmp_path, trainer_step=2, policy_version=2, fingerprints=FP, loader_state=None)
     assert [(g.group_id, g.state) for g in snapshot.groups] == [
         ("pending", GroupState.PENDING),
         ("flying", GroupState.IN_FLIGHT),
@@ -605,7 +613,7 @@ def test_adopted_groups_are_saved_as_their_records_are_and_reopened_ones_settle_
     assert ledger.settle("done")  # its sample is finished: ready again at once
     with pytest.raises(ValueError, match="'pending' is pending, expected ready"):
         ledger.reopen("pending")
-    snapshot = ledger.save(tmp_path, trainer_step=3, policy_version=3, fingerprints=FP, loader_state=None)
+    snapshot = save_ledger(ledger, tmp_path, trainer_step=3, policy_version=3, fingerprints=FP, loader_state=None)
     assert [(g.group_id, g.state) for g in snapshot.groups] == [
         ("pending", GroupState.PENDING),
         ("done", GroupState.READY),

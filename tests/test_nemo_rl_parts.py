@@ -72,7 +72,7 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
     finishes in between is ready in NeMo RL's buffer and in flight in our snapshot. The resume made
     it ready in the ledger, and the next save wrote it ready with unfinished samples: a checkpoint
     the reader refuses, so the run could not be resumed a second time."""
-    from snapshot_helpers import fingerprints, sample
+    from snapshot_helpers import fingerprints, sample, save_ledger
 
     from partial_rollout.ledger import EventLog, WorkLedger, read_events
     from partial_rollout.snapshot import GroupState, SampleState, load_snapshot
@@ -95,7 +95,7 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
     for index in (0, 1):
         killed.finish("e0:2", sample(index, SampleState.FINISHED, 2, sampling=spec, reward=1.0))
     killed.capture({"e0:1/0": sample(0, SampleState.IN_FLIGHT, 4, sampling=spec)})  # e0:1/1 not submitted yet
-    killed.save(tmp_path / "step_2", trainer_step=2, policy_version=3, fingerprints=fp, loader_state=None)
+    save_ledger(killed, tmp_path / "step_2", trainer_step=2, policy_version=3, fingerprints=fp, loader_state=None)
     killed.events.close()
 
     # NeMo RL's checkpoint holds e0:1 finished (committed after our cut) and lacks e0:2 (taken after its read).
@@ -121,7 +121,9 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
     assert session.ledger["e0:1"].state is GroupState.READY and session.ledger["e0:2"].state is GroupState.IN_FLIGHT
 
     # The next save, before NeMo RL trains e0:1: our records of it, in flight with its prefix.
-    session.ledger.save(tmp_path / "step_3", trainer_step=3, policy_version=3, fingerprints=fp, loader_state=None)
+    save_ledger(
+        session.ledger, tmp_path / "step_3", trainer_step=3, policy_version=3, fingerprints=fp, loader_state=None
+    )
     saved = {g.group_id: g for g in load_snapshot(tmp_path / "step_3").groups}
     assert {k: g.state for k, g in saved.items()} == {"e0:1": GroupState.IN_FLIGHT, "e0:2": GroupState.IN_FLIGHT}
     assert [s.state for s in saved["e0:1"].samples] == [SampleState.IN_FLIGHT, SampleState.NOT_STARTED]

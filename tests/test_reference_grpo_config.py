@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from snapshot_helpers import save_ledger
 
 from partial_rollout.errors import EXIT_BAD_INPUT, ConfigError
 from partial_rollout.snapshot import Fingerprints
@@ -140,7 +141,7 @@ def test_resume_with_another_model_names_both_models_before_loading_weights(tmp_
         vllm_version="0.32.0",
         model_path=str(llama),
     )
-    WorkLedger().save(folder, trainer_step=2, policy_version=2, fingerprints=prints, loader_state=None)
+    save_ledger(WorkLedger(), folder, trainer_step=2, policy_version=2, fingerprints=prints, loader_state=None)
     checkpoint.commit(folder)
     cfg = load_config(
         CONFIG_DIR / "fast.yaml",

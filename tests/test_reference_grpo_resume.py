@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from snapshot_helpers import save_ledger
 
 from partial_rollout.errors import ConfigError
 from partial_rollout.ledger import EventLog, WorkLedger, audit, read_events, request_id
@@ -55,7 +56,9 @@ def _saved_cut(tmp_path: Path) -> Path:
     ledger.capture({request_id("fresh_flight", 1): prefix, request_id("stale_flight", 1): prefix})
     folder = tmp_path / "step_10"
     folder.mkdir()
-    ledger.save(folder, trainer_step=10, policy_version=10, fingerprints=FP, loader_state=None, metadata={"epoch": 0})
+    save_ledger(
+        ledger, folder, trainer_step=10, policy_version=10, fingerprints=FP, loader_state=None, metadata={"epoch": 0}
+    )
     ledger.events.close()
     return folder
 

@@ -33,7 +33,7 @@ neither: :class:`~partial_rollout.checkpoint.RolloutCheckpointer` runs them in o
 I/O; take it while the engine is paused, with no ``await`` in between), and after the engine
 resumes :meth:`WorkLedger.record_save` logs the ``save`` event and :meth:`LedgerCut.write` encodes,
 writes and fsyncs the snapshot (``save_written`` or ``save_failed`` follows it in the log).
-:meth:`WorkLedger.save` does all of it at once. The outstanding groups and their tokens persist one
+The outstanding groups and their tokens persist one
 way only: as the snapshot file written into a checkpoint folder, which :meth:`WorkLedger.load` reads
 back. :meth:`WorkLedger.state_dict` / :meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful``
 protocol) carry only a small JSON manifest (:mod:`~partial_rollout.ledger.manifest`): counters,
@@ -89,7 +89,6 @@ from partial_rollout.snapshot import (
     Snapshot,
     find_snapshot,
     load_snapshot,
-    save_snapshot,
     snapshot_path,
 )
 
@@ -443,47 +442,6 @@ class WorkLedger:
         if self.last_save_id == cut.save_id:
             self.last_save_id, self.snapshot_file = cut.previous_save
         self._emit(EventKind.SAVE_FAILED, SaveFailedEvent(save_id=cut.save_id, error=error), durable=True)
-
-    def save(
-        self,
-        folder: str | os.PathLike[str],
-        *,
-        trainer_step: int,
-        policy_version: int,
-        fingerprints: Fingerprints,
-        loader_state: dict[str, Any] | None,
-        states: Collection[GroupState] = ALL_STATES,
-        metadata: dict[str, Any] | None = None,
-        **event_fields: Any,
-    ) -> Snapshot:
-        """:meth:`cut`, :meth:`record_save` and write in one call, for callers with nothing to resume in between.
-
-        The ``save`` event records what was outstanding (groups per state, unfinished samples) and
-        what was saved (groups per state, the unfinished samples of each in-flight group, captured
-        in-flight samples and their prefix tokens), so an audit can show what a save that keeps
-        less (ready groups only) leaves behind.
-
-        Returns:
-            The snapshot written.
-        """
-        cut = self.cut(
-            folder,
-            trainer_step=trainer_step,
-            policy_version=policy_version,
-            fingerprints=fingerprints,
-            loader_state=loader_state,
-            states=states,
-            metadata=metadata,
-        )
-        self.record_save(cut, **event_fields)
-        try:
-            snapshot = cut.to_snapshot()
-            size = save_snapshot(snapshot, cut.path)
-        except BaseException as exc:
-            self.record_save_failed(cut, error=f"{type(exc).__name__}: {exc}")
-            raise
-        self.record_written(cut, bytes=size)
-        return snapshot
 
     def load(
         self,
