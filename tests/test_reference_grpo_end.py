@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from snapshot_helpers import save_ledger
 
 from partial_rollout.engine import EngineConfig
 from partial_rollout.ledger import EVENTS_FILENAME, EventLog, WorkLedger, audit, read_events
@@ -95,7 +96,8 @@ def _checkpoint(root: Path, config: Any, fingerprints: Fingerprints) -> None:
             for i in range(n)
         }
     )
-    ledger.save(
+    save_ledger(
+        ledger,
         folder,
         trainer_step=SAVED_STEP,
         policy_version=SAVED_STEP,
