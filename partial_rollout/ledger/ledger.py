@@ -30,17 +30,16 @@ duplicated counts.
 **Checkpointing** is two steps, so the engine stays frozen only for the first (a trainer calls
 neither: :class:`~partial_rollout.checkpoint.RolloutCheckpointer` runs them in order):
 :meth:`WorkLedger.cut` copies the outstanding groups into memory (a :class:`LedgerCut`: cheap, no
-I/O; take it while the engine is paused, with no ``await`` in between), and after the engine
-resumes :meth:`WorkLedger.record_save` logs the ``save`` event and :meth:`LedgerCut.write` encodes,
-writes and fsyncs the snapshot (``save_written`` or ``save_failed`` follows it in the log).
-The outstanding groups and their tokens persist one
-way only: as the snapshot file written into a checkpoint folder, which :meth:`WorkLedger.load` reads
-back. :meth:`WorkLedger.state_dict` / :meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful``
-protocol) carry only a small JSON manifest (:mod:`~partial_rollout.ledger.manifest`): counters,
-evictions by reason, the last save id, and the name of the snapshot file that holds the groups. The
-snapshot embeds the same manifest in its ``metadata``, so ``load`` alone restores everything. Each
-event's fields are a ``TypedDict`` of :mod:`~partial_rollout.ledger.events`, which the audit reads
-through too.
+I/O; take it while the engine is paused, with no ``await`` in between), and after the engine resumes
+:meth:`WorkLedger.record_save` logs the ``save`` event and :meth:`LedgerCut.write` encodes, writes
+and fsyncs the snapshot (``save_written`` or ``save_failed`` follows it in the log). The outstanding
+groups and their tokens persist one way only: as the snapshot file written into a checkpoint folder,
+which :meth:`WorkLedger.load` reads back. :meth:`WorkLedger.state_dict` /
+:meth:`WorkLedger.load_state_dict` (torchdata's ``Stateful`` protocol) carry only a small JSON
+manifest (:mod:`~partial_rollout.ledger.manifest`): counters, evictions by reason, the last save id,
+and the name of the snapshot file that holds the groups. The snapshot embeds the same manifest in
+its ``metadata``, so ``load`` alone restores everything. Each event's fields are a ``TypedDict`` of
+:mod:`~partial_rollout.ledger.events`, which the audit reads through too.
 """
 
 from __future__ import annotations
