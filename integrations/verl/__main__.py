@@ -15,8 +15,9 @@ defaults instead of ``ppo_trainer``, or take ``+trainer.v1.partial_rollout_check
 With the block off (``enable`` and ``record_events`` false) this runs verl's own ``main_ppo.main``
 on the config with the block removed: verl exactly as it is, nothing checked or installed. With it
 on it first checks, each failure one line and exit status 3, that the settings are ones partial
-rollouts support (:mod:`.setup_checks`) and that this verl has every name the integration uses
-(:mod:`.seams`); then, as verl's ``main``, validates the config with verl's ``validate_config`` and
+rollouts support (:mod:`.setup_checks`), that this verl has every name the integration uses
+(:mod:`.seams`) and that a checkpoint it resumes from holds no snapshot of another ``n`` or sampling
+(:mod:`.resume_checks`); then, as verl's ``main``, validates the config with verl's ``validate_config`` and
 starts verl's ``run_ppo`` with our task runner (:mod:`.runner`), which trains with our trainer classes.
 """
 
@@ -45,12 +46,20 @@ def read_block(config: Any) -> PartialRolloutCheckpointConfig:
 
 
 def check(config: Any) -> None:
-    """Refuse, at set-up, settings partial rollouts do not support and a verl without a name they use."""
+    """Refuse, at set-up, settings partial rollouts do not support, a verl without a name they use and a
+    snapshot the run's resume would refuse (another ``n`` or sampling: :mod:`.resume_checks`)."""
+    from omegaconf import OmegaConf
+
     from partial_rollout_integrations.verl import seams
+    from partial_rollout_integrations.verl.resume_checks import check_before_start
     from partial_rollout_integrations.verl.setup_checks import check_supported
 
     check_supported(config)
     seams.check_seams()
+    trainer = OmegaConf.to_container(config.trainer, resolve=True)
+    rollout = OmegaConf.to_container(config.actor_rollout_ref.rollout, resolve=True)
+    assert isinstance(trainer, dict) and isinstance(rollout, dict), "verl's config sections are mappings"
+    check_before_start(trainer, rollout)
 
 
 def run_verl(config: Any) -> None:

@@ -70,7 +70,7 @@ def compose(run_dir: Path, overrides: Sequence[str] = (), *, seed: int = 0) -> A
         f"data.val_files={data}",
         "data.train_batch_size=2",
         "data.max_prompt_length=64",
-        "data.max_response_length=400",
+        "data.max_response_length=200",
         "data.dataloader_num_workers=0",
         "data.shuffle=false",
         f"actor_rollout_ref.model.path={model}",
@@ -148,8 +148,10 @@ def classes(config: Any) -> tuple[type, type]:
 def train(config: Any, *, hooks: Callable[[type], Mapping[str, Any]] | None = None) -> int:
     """verl's ``TaskRunnerV1`` flow in this process on the CPU harness; returns the step training ended at.
 
-    ``tq.init``, the trainer's ``init`` (which loads the latest checkpoint: a snapshot that does not
-    fit the run is refused there, exit status 3), the agent-loop manager, ``fit``. ``hooks(base)``
+    With the block on, the entry point's set-up checks first (a snapshot of the checkpoint to resume
+    from with another ``n`` or sampling is refused there, before Ray starts, exit status 3); then
+    ``tq.init``, the trainer's ``init`` (which loads the latest checkpoint: a snapshot of another run
+    is refused there, exit status 3), the agent-loop manager, ``fit``. ``hooks(base)``
     gives methods that override the run's trainer class ``base`` (a test's kill and report).
     """
     import ray
@@ -158,7 +160,14 @@ def train(config: Any, *, hooks: Callable[[type], Mapping[str, Any]] | None = No
 
     from partial_rollout.errors import EXIT_BAD_INPUT, BadInputError
     from partial_rollout_integrations.verl import cpu
+    from partial_rollout_integrations.verl.__main__ import check, read_block
 
+    if read_block(config).active:  # the entry point's set-up checks, before Ray starts
+        try:
+            check(config)
+        except BadInputError as e:
+            print(f"partial-rollout: {e}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
     base, manager_cls = classes(config)
     methods = dict(hooks(base)) if hooks is not None else {}
     trainer_cls = type(f"Cpu{base.__name__}", (cpu.CpuHarness, base), methods)

@@ -11,6 +11,10 @@ the verl side can see is checked here, against what verl itself just restored fr
 - **other sampling** (``temperature``, ``top_p``, ``top_k``): a server continues a saved sample
   under the sampling it was saved with, so a resume under other settings would finish the run's
   in-flight samples from a distribution the config no longer names.
+
+The last two need only the snapshot and the config, so :func:`check_before_start` runs them at set-up
+too, on the checkpoint verl is about to resume from: a refused resume then costs a config load, not
+the start of Ray, verl's workers and every server (most of a run on a small machine).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from partial_rollout.errors import SnapshotError
-from partial_rollout.snapshot import GroupState, SampleState, Snapshot
+from partial_rollout.snapshot import SNAPSHOT_FILENAME, GroupState, SampleState, Snapshot, load_snapshot
 from partial_rollout_integrations.verl.reconcile import TqView
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -49,6 +53,13 @@ def check_resume(
             field="groups",
             fix=f"Put back this checkpoint's own {os.path.basename(path)}, or {START_FRESH}",
         )
+    check_sampling(snapshot, path, n=n, rollout=rollout)
+
+
+def check_sampling(snapshot: Snapshot, path: str | os.PathLike[str], *, n: int, rollout: Mapping[str, Any]) -> None:
+    """Raise :class:`SnapshotError` where a group of ``snapshot`` holds another ``n`` or a started sample other
+    sampling than the run's (the checks that need no TransferQueue)."""
+    held = [g for g in snapshot.groups if g.state in (GroupState.IN_FLIGHT, GroupState.READY)]
     for group in held:
         if len(group.samples) != n:
             raise SnapshotError(
@@ -78,3 +89,35 @@ def check_resume(
                         field=f"groups[{group.group_id}].samples[{sample.index}].sampling.{name}",
                         fix=f"Resume with {ROLLOUT}.{name}={as_verl} as saved, or {START_FRESH}",
                     )
+
+
+def resumed_checkpoint(trainer: Mapping[str, Any]) -> str | None:
+    """The ``global_step_N`` folder verl's V1 trainer will load for the run's ``trainer`` config, or ``None``.
+
+    verl's ``_load_checkpoint`` decides it only after every worker and server started; this is its
+    rule: ``resume_mode=auto`` takes the folder ``find_latest_ckpt_path`` finds (verl's own function),
+    ``resume_path`` takes ``resume_from_path``, ``disable`` none. Relative paths are the run's working
+    directory's, as verl's.
+    """
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "auto":
+        from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+        found = find_latest_ckpt_path(os.path.abspath(str(trainer["default_local_dir"])))
+        return None if found is None else str(found)
+    if mode == "resume_path":
+        return os.path.abspath(str(trainer["resume_from_path"]))
+    return None
+
+
+def check_before_start(trainer: Mapping[str, Any], rollout: Mapping[str, Any]) -> None:
+    """At set-up: refuse the snapshot of the checkpoint the run will resume from if it cannot fit the run.
+
+    A checkpoint without our snapshot is left to the resume (a run that saved without the flag resumes
+    from nothing); a snapshot that cannot be read is refused here, naming its file.
+    """
+    folder = resumed_checkpoint(trainer)
+    path = None if folder is None else os.path.join(folder, SNAPSHOT_FILENAME)
+    if path is None or not os.path.exists(path):
+        return
+    check_sampling(load_snapshot(path), path, n=int(rollout.get("n", 1)), rollout=rollout)

@@ -36,6 +36,8 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.utils.config", None, ("validate_config",)),
     Seam("verl.trainer.ppo.utils", None, ("need_critic", "need_reference_policy")),
     Seam("verl.utils.device", None, ("auto_set_device",)),
+    # The checkpoint verl will resume from, found at set-up as its _load_checkpoint finds it.
+    Seam("verl.utils.checkpoint.checkpoint_manager", None, ("find_latest_ckpt_path",)),
     # The trainer: save, load and re-issue own the in-flight work.
     Seam(_TRAINER, None, ("get_trainer_cls", "TRAINER_REGISTRY")),
     Seam(

@@ -19,8 +19,8 @@ flight finishes from its whole prefix (its finish event continues exactly the sa
 when the run's last steps do not reach it, is held by the next checkpoint beginning with its saved
 tokens; so no restored group is regenerated. At each kill, verl's TransferQueue checkpoint and our
 snapshot hold the same groups unfinished and the same samples finished; and a resume under another
-temperature than the snapshot's is refused at verl's own checkpoint load in one line (exit status 3;
-another model fails the same load's fingerprint check, the library's: ``tests/test_snapshot_integrity.py``).
+temperature than the snapshot's is refused at set-up in one line, before Ray starts (exit status 3;
+another model fails verl's checkpoint load, at the library's fingerprint check: ``tests/test_snapshot_integrity.py``).
 The same holds on the
 ``separate_async`` trainer with standalone servers (a third run, side by side), whose policy steps
 change no weight so that each continued sample can be compared, as the loss reads it, with the
@@ -224,12 +224,14 @@ def test_flag_on_killed_twice_loses_nothing_and_continues_prefixes(runs: Runs) -
     assert "killed_before_commit" not in runs.on.outputs[-1]
 
     # The first kill's checkpoint resumed under another temperature than its samples were drawn at:
-    # refused at verl's own checkpoint load, in one line naming the snapshot and the field, before
-    # anything is restored.
+    # refused at set-up, in one line naming the snapshot and the field, before Ray (and so any verl
+    # worker or server) starts: the checkpoint verl would load is found as verl finds it.
     bad, step, rc, out = runs.refused
     assert step == killed[0]
     (line,) = [x for x in out.splitlines() if x.startswith("partial-rollout: ")]
     assert rc == 3, out[-4000:]
+    ray_started = "Started a local Ray instance"  # Ray's own log line, as every run that trains prints it
+    assert ray_started in runs.on.outputs[0] and ray_started not in out, "refused only after Ray started"
     snapshot = bad / "checkpoints" / f"global_step_{step}" / "partial_rollouts.safetensors"
     assert line.startswith(f"partial-rollout: {snapshot}: "), line
     assert ".sampling.temperature: " in line and "actor_rollout_ref.rollout.temperature=0.7" in line, line

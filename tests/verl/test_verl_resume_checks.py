@@ -1,8 +1,9 @@
 """A snapshot that is not of the verl run resuming from it is refused, naming the file and the field.
 
 The checks of :mod:`partial_rollout_integrations.verl.resume_checks` (no verl needed): another run's
-snapshot, another ``n``, other sampling. ``tests/verl/test_verl_kill_resume.py`` runs one through
-verl's own resume (a changed temperature: exit status 3 and the line).
+snapshot, another ``n``, other sampling, and the last two at set-up on the checkpoint a run resumes
+from. ``tests/verl/test_verl_kill_resume.py`` runs one through verl's own entry (a changed temperature:
+exit status 3 and the line, before Ray starts).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import pytest
 from snapshot_helpers import example_snapshot
 
 from partial_rollout.errors import SnapshotError
-from partial_rollout.snapshot import GroupState, SampleState, SamplingSpec, Snapshot
+from partial_rollout.snapshot import SNAPSHOT_FILENAME, GroupState, SampleState, SamplingSpec, Snapshot, save_snapshot
 from partial_rollout_integrations.verl.reconcile import TqView
-from partial_rollout_integrations.verl.resume_checks import check_resume
+from partial_rollout_integrations.verl.resume_checks import check_before_start, check_resume
 
 PATH = Path("/run/checkpoints/global_step_4/partial_rollouts.safetensors")
 ROLLOUT = {"n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
@@ -89,3 +90,21 @@ def test_samples_not_started_take_the_runs_sampling() -> None:
     changed = dataclasses.replace(group, samples=[group.samples[0], not_started])
     snapshot = dataclasses.replace(snapshot, groups=[changed, snapshot.groups[1]])
     check_resume(snapshot, PATH, tq=_tq("partial-1", "ready-3"), n=2, rollout=ROLLOUT)
+
+
+def test_at_set_up_the_checkpoint_to_resume_from_is_checked(tmp_path: Path) -> None:
+    """``resume_mode=resume_path`` names the checkpoint (``auto``'s verl lookup runs in the kill test)."""
+    folder = tmp_path / "global_step_4"
+    folder.mkdir()
+    resume = {"resume_mode": "resume_path", "resume_from_path": str(folder)}
+    check_before_start(resume, {**ROLLOUT, "temperature": 0.7})  # no snapshot there: left to the resume
+    save_snapshot(_snapshot(), folder / SNAPSHOT_FILENAME)
+    check_before_start(resume, ROLLOUT)
+    check_before_start({**resume, "resume_mode": "disable"}, {**ROLLOUT, "temperature": 0.7})  # no resume
+    with pytest.raises(SnapshotError) as e:
+        check_before_start(resume, {**ROLLOUT, "temperature": 0.7})
+    assert str(e.value).startswith(f"{folder / SNAPSHOT_FILENAME}: groups[partial-1].samples[0].sampling.temperature: ")
+    (folder / SNAPSHOT_FILENAME).write_bytes(b"not a snapshot")
+    with pytest.raises(SnapshotError) as e:
+        check_before_start(resume, ROLLOUT)
+    assert str(e.value).startswith(str(folder / SNAPSHOT_FILENAME))
