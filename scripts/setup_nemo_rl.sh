@@ -28,6 +28,7 @@ set -euo pipefail
 caller=$PWD
 cd "$(dirname "$0")/.."
 source scripts/lib/steps.sh
+source scripts/lib/uv.sh
 
 VENV=.venv-nemo-rl
 ENGINE_VENV=.venv
@@ -76,11 +77,15 @@ fi
 # vLLM and the rest (about 25,000 files in .venv; torch alone is 11 s of one core).
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
 WANTED=(-r "$REQUIREMENTS" "ray[default]==$RAY_VERSION")
-if ! step --may-fail "pip install -r $REQUIREMENTS ray[default]==$RAY_VERSION" "${PIP[@]}" "${WANTED[@]}"; then
-  # The requirements pin torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
+# The CPU torch build the requirements pin comes from this machine's wheel folder (pip's configuration)
+# or PyTorch's CPU index, not PyPI: pip installs it, then uv the rest, keeping it (scripts/lib/uv.sh).
+TORCH_PIN=$(grep -E '^torch==' "$REQUIREMENTS")
+if ! step --may-fail "pip install --no-deps $TORCH_PIN" "${PIP[@]}" --no-deps "$TORCH_PIN"; then
   step "retrying with PyTorch's CPU wheel index for the +cpu torch build" \
-    "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "${WANTED[@]}"
+    "${PIP[@]}" --no-deps --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "$TORCH_PIN"
 fi
+step "uv $UV_VERSION in $UV_HOME" ensure_uv
+step "uv pip install -r $REQUIREMENTS ray[default]==$RAY_VERSION" "${UV_PIP[@]}" --python "$VENV/bin/python" "${WANTED[@]}"
 # One at a time: it writes partial_rollout.egg-info here.
 step "pip install --no-deps -e ." flock .venv/.editable-install.lock "${PIP[@]}" --no-deps -e .
 

