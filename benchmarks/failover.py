@@ -177,7 +177,7 @@ async def one_run(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from benchmarks.resume.report import machine, versions
+    from benchmarks.provenance import machine, versions
 
     model = args.model
     if model is None:

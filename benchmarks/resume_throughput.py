@@ -55,8 +55,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from tqdm import tqdm
 
+from benchmarks.resume.figures import collect
 from benchmarks.resume.phases import one_rep
-from benchmarks.resume.report import assemble, collect, write
+from benchmarks.resume.report import assemble, write
 from benchmarks.resume.workload import build_workload
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -9,8 +9,9 @@
 - :mod:`~benchmarks.resume.measure`: clocks, token accounting, snapshot bytes, consistency and
   exactness checks;
 - :mod:`~benchmarks.resume.phases`: the phases of one repetition;
-- :mod:`~benchmarks.resume.report`: one repetition's figures, the sweep summary, the JSON result
-  and its tables.
+- :mod:`~benchmarks.resume.figures`: one repetition's figures, the sweep summary, the table rows;
+- :mod:`~benchmarks.resume.report`: the JSON result (with :mod:`benchmarks.provenance`) and its
+  README tables.
 
 Beside it, by engine count (``python -m benchmarks.resume.engines``), in the reference trainer's own
 checkpoints (``python -m benchmarks.resume.trainer_saves``) and the noise-floor study

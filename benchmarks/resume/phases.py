@@ -49,7 +49,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.resume import engine_calls as calls
-from benchmarks.resume import report
+from benchmarks.resume import figures
 from benchmarks.resume.measure import Clocks, Steady, Tracker, size_breakdown, steady_state
 from benchmarks.resume.steps import (
     MIN_STEADY_STEPS,
@@ -496,7 +496,7 @@ async def one_rep(config: Any, groups: list[Group], rep: int, bar: tqdm) -> dict
         file_bytes = path.stat().st_size
         sizes = size_breakdown(path)
     regenerated, floor = restarts["regenerate"]
-    return report.rep_record(
+    return figures.rep_record(
         rep,
         killed,
         restarts["continue"],

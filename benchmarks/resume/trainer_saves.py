@@ -44,8 +44,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+from benchmarks import provenance
 from benchmarks.resume import engine_calls as calls
-from benchmarks.resume import report
 from benchmarks.resume.steps import StepLog, Timeline, Windows, cost, windows
 from partial_rollout.ledger import TRAIN_STEP
 
@@ -215,7 +215,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         benchmark="resume_trainer_saves",
         command=" ".join(["python -m benchmarks.resume.trainer_saves", *sys.argv[1:]]),
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), load_before=os.getloadavg()),
-        commit=report.short_commit(),
+        commit=provenance.short_commit(),
         config=dict(config=str(args.config), overrides=args.override, engines=args.engines, runs=args.runs),
         definitions=DEFINITIONS,
         points=[],
@@ -236,9 +236,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         result["points"].append(point)
         print(_line(point), flush=True)
-        report.write_json(args.out, result)
+        provenance.write_json(args.out, result)
     result["machine"]["load_after"] = os.getloadavg()
-    report.write_json(args.out, result)
+    provenance.write_json(args.out, result)
     return result
 
 

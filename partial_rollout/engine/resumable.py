@@ -253,26 +253,56 @@ class ResumableEngine:
             raise ValueError(f"request id {request_id!r} is already running")
         sampling_options.check(sampling.extra)
         scan = None
-        base = resume_from
-        if base is not None:
-            if base.index != index:
-                raise ValueError(f"{request_id}: resume_from is sample {base.index}, not {index}")
-            self._check_sampler_state(request_id, base)
+        if resume_from is not None:
+            if resume_from.index != index:
+                raise ValueError(f"{request_id}: resume_from is sample {resume_from.index}, not {index}")
+            self._check_sampler_state(request_id, resume_from)
             scan = stops.StopScan(sampling, prompt_token_ids=prompt_token_ids, tokenizer=self._tokenizer, eos=self._eos)
-            done = continuation.finished_without_engine(base, sampling, scan)
+            done = self._ended_without_engine(request_id, prompt_token_ids, sampling, resume_from, scan)
             if done is not None:
                 return done
-            total = len(prompt_token_ids) + base.num_tokens
-            if base.num_tokens and total >= self._max_model_len:
-                warnings.warn(
-                    f"{request_id}: prompt ({len(prompt_token_ids)}) + saved prefix ({base.num_tokens}) = {total} "
-                    f"tokens reach this engine's max_model_len {self._max_model_len}: finished as length-truncated",
-                    stacklevel=2,
-                )
-                return dataclasses.replace(base, state=SampleState.FINISHED, finish_reason="length", sampler_state=None)
-            if base.num_tokens == 0:  # nothing drawn yet: a fresh start from the seed is the continuation
-                record = await self.generate(request_id, prompt_token_ids, sampling, index=index, on_delta=on_delta)
-                return dataclasses.replace(record, inexact=base.inexact) if base.inexact else record
+        if resume_from is not None and resume_from.num_tokens:
+            return await self._run(request_id, prompt_token_ids, sampling, index, resume_from, scan, on_delta)
+        # A fresh start; for a saved sample with nothing drawn yet, from its seed: that is its continuation.
+        record = await self._run(request_id, prompt_token_ids, sampling, index, None, None, on_delta)
+        if resume_from is not None and resume_from.inexact:
+            record = dataclasses.replace(record, inexact=resume_from.inexact)
+        return record
+
+    def _ended_without_engine(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        base: SampleRecord,
+        scan: stops.StopScan,
+    ) -> SampleRecord | None:
+        """The record a saved sample ends with without engine work: finished already, its prefix ending the
+        generation, or prompt + prefix filling ``max_model_len`` (where vLLM would refuse the request)."""
+        done = continuation.finished_without_engine(base, sampling, scan)
+        if done is not None:
+            return done
+        total = len(prompt_token_ids) + base.num_tokens
+        if base.num_tokens and total >= self._max_model_len:
+            warnings.warn(
+                f"{request_id}: prompt ({len(prompt_token_ids)}) + saved prefix ({base.num_tokens}) = {total} "
+                f"tokens reach this engine's max_model_len {self._max_model_len}: finished as length-truncated",
+                stacklevel=3,
+            )
+            return dataclasses.replace(base, state=SampleState.FINISHED, finish_reason="length", sampler_state=None)
+        return None
+
+    async def _run(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingSpec,
+        index: int,
+        base: SampleRecord | None,
+        scan: stops.StopScan | None,
+        on_delta: Callable[[Delta], None] | None,
+    ) -> SampleRecord:
+        """One vLLM request, from the prompt or from prompt + ``base``'s prefix, followed to its end."""
         from vllm.inputs import TokensPrompt
 
         consumed = 0 if base is None else base.num_tokens
@@ -298,28 +328,8 @@ class ResumableEngine:
             stream = self._llm.generate(inputs, params, request_id)
             try:
                 async for out in stream:
-                    completion = out.outputs[0]
-                    new = completion.token_ids
-                    self._tokens_received += len(new)
-                    self._outputs_received += 1
-                    if new:
-                        if completion.logprobs is None or len(completion.logprobs) != len(new):
-                            raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
-                        logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True)]
-                        delta = Delta(token_ids=list(new), logprobs=logprobs, versions=[req.policy_version] * len(new))
-                        req.add(delta)
-                        if on_delta is not None:
-                            on_delta(delta)
-                    stitched = req.stitched_end(len(new))
-                    if stitched is not None:  # a stop string begun in the prefix, which vLLM cannot see
-                        req.finished = stitched
+                    if self._received(request_id, req, out, on_delta):
                         break
-                    if out.finished:
-                        req.finished = req.finish(
-                            len(req.token_ids),
-                            finish_reason=str(completion.finish_reason),
-                            stop_reason=completion.stop_reason,
-                        )
             finally:
                 await stream.aclose()  # ends vLLM's request where the loop stopped it early
             if req.finished is None:
@@ -327,6 +337,30 @@ class ResumableEngine:
             return req.finished
         finally:
             del self._live[request_id]
+
+    def _received(self, request_id: str, req: LiveRequest, out: Any, on_delta: Callable[[Delta], None] | None) -> bool:
+        """Add one vLLM output to ``req``; whether the request ended early (a stop string across the prefix)."""
+        completion = out.outputs[0]
+        new = completion.token_ids
+        self._tokens_received += len(new)
+        self._outputs_received += 1
+        if new:
+            if completion.logprobs is None or len(completion.logprobs) != len(new):
+                raise RuntimeError(f"{request_id}: vLLM returned no logprob for some sampled tokens")
+            logprobs = [lp[t].logprob for lp, t in zip(completion.logprobs, new, strict=True)]
+            delta = Delta(token_ids=list(new), logprobs=logprobs, versions=[req.policy_version] * len(new))
+            req.add(delta)
+            if on_delta is not None:
+                on_delta(delta)
+        stitched = req.stitched_end(len(new))
+        if stitched is not None:  # a stop string begun in the prefix, which vLLM cannot see
+            req.finished = stitched
+            return True
+        if out.finished:
+            req.finished = req.finish(
+                len(req.token_ids), finish_reason=str(completion.finish_reason), stop_reason=completion.stop_reason
+            )
+        return False
 
     async def stream(
         self,
