@@ -52,10 +52,24 @@ def fake_python(tmp_path: Path, version: str) -> str:
 
 
 def copy_scripts(repo: Path, *names: str) -> None:
-    """Copy these scripts, and the step helper they source, into ``repo``'s scripts folder."""
+    """Copy these scripts, and the helpers they source, into ``repo``'s scripts folder."""
     (repo / "scripts" / "lib").mkdir(parents=True, exist_ok=True)
-    for name in (*names, "lib/steps.sh"):
+    for name in (*names, "lib/steps.sh", "lib/uv.sh"):
         shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
+
+
+FAKE_UV = """#!/usr/bin/env bash
+echo "uv $*" >> "{calls}"
+"""
+"""uv as ``scripts/lib/uv.sh`` finds it installed, recording its calls."""
+
+
+def install_fake_uv(repo: Path, calls: Path) -> None:
+    """A fake uv where ``scripts/lib/uv.sh`` installs the real one (which it then leaves as it is)."""
+    (version,) = re.findall(r"^UV_VERSION=(\S+)$", (REPO / "scripts" / "lib" / "uv.sh").read_text(), re.MULTILINE)
+    folder = repo / ".cache" / "tools" / f"uv-{version}" / "bin"
+    folder.mkdir(parents=True)
+    make_fake(folder, "uv", FAKE_UV.format(calls=calls))
 
 
 def run_setup(
@@ -292,8 +306,16 @@ def nemo_rl_repo(tmp_path: Path, version: str = "3.11.7") -> Path:
     base = make_fake(tmp_path, "base-python", FAKE_BASE_PYTHON.format(version=version, calls=tmp_path / "calls.log"))
     (repo / ".venv" / "bin").mkdir(parents=True)
     make_fake(repo / ".venv" / "bin", "python", FAKE_ENGINE_PYTHON.format(base=base, version=version))
+    install_fake_uv(repo, tmp_path / "calls.log")
     (tmp_path / "calls.log").touch()
     return repo
+
+
+def pinned_torch() -> str:
+    """The CPU torch NeMo RL's controller requirements pin."""
+    text = (REPO / "integrations" / "nemo_rl" / "requirements-controller.txt").read_text()
+    (line,) = re.findall(r"^torch==\S+$", text, re.MULTILINE)
+    return line
 
 
 def run_setup_nemo_rl(repo: Path, nemo_rl_src: Path | None = None) -> subprocess.CompletedProcess:
@@ -316,7 +338,14 @@ def test_nemo_rl_setup_installs_the_pins_with_the_engine_venvs_ray_and_is_cheap_
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert calls[0] == f"{tmp_path / 'base-python'} -m venv .venv-nemo-rl"  # .venv's base interpreter
     pip = [c for c in calls if c.startswith("pip ")]
-    assert any("-r integrations/nemo_rl/requirements-controller.txt ray[default]==2.60.0" in c for c in pip), pip
+    uv = [c for c in calls if c.startswith("uv pip install ")]
+    # pip installs the CPU torch the requirements pin (from the machine's wheel folder), uv the rest
+    assert any(c.endswith("--no-deps " + pinned_torch()) for c in pip), pip
+    assert any(
+        "--python .venv-nemo-rl/bin/python -r integrations/nemo_rl/requirements-controller.txt ray[default]==2.60.0"
+        in c
+        for c in uv
+    ), uv
     assert any(c.endswith("--no-deps -e .") for c in pip), pip
     assert f"import nemo_rl with PYTHONPATH={checkout}" in calls
     for name in ("nemo_rl_py311.py", "nemo_rl_py311.pth"):
