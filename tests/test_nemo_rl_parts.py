@@ -136,3 +136,32 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
         ("reopen", "e0:2", None),
         ("consume", "e0:1", None),
     ]
+
+
+def test_an_environment_step_that_returns_after_its_group_was_aborted_is_dropped(tmp_path) -> None:
+    """An environment step returns in a worker thread and is recorded later on the loop: NeMo RL may
+    have aborted the group meanwhile (a stale abort at a weight sync), or the run ended."""
+    from partial_rollout.ledger import EventLog, WorkLedger
+    from partial_rollout_integrations.nemo_rl.session import GenerationSettings, SampleContext, Session
+
+    settings = GenerationSettings(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=8,
+        max_seq_len=64,
+        stop_token_ids=(),
+        stop_strings=(),
+        seed=0,
+    )
+    WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True)).events.close()
+    session = Session(
+        PartialRolloutsConfig(enabled=True),
+        events_path=str(tmp_path / "events.jsonl"),
+        settings=settings,
+        group_size=1,
+        engine=None,
+    )
+    ctx = SampleContext("e0:7", 0)
+    session.on_env_step(ctx, env_return=None)  # its group was forgotten: nothing to record, nothing raised
+    assert ctx.turn == 0 and session.turn_of("e0:7", 0) == 0

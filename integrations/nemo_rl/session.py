@@ -263,8 +263,14 @@ class Session:
         return progress.replay[ctx.turn] if ctx.turn < len(progress.replay) else None
 
     def on_env_step(self, ctx: SampleContext, env_return: Any) -> None:
-        """The environment stepped the current turn (or its saved step was replayed): the turn is complete."""
-        progress = self._progress[(ctx.group_id, ctx.index)]
+        """The environment stepped the current turn (or its saved step was replayed): the turn is complete.
+
+        It runs on the loop after the step returned in its worker thread (:meth:`call_on_loop`): by then
+        NeMo RL may have aborted the group, or the run ended, and the sample is no longer followed.
+        """
+        progress = self._progress.get((ctx.group_id, ctx.index))
+        if progress is None:
+            return
         assert progress.last is not None and not progress.stepped, "an environment step without a generation"
         if ctx.turn < len(progress.replay):
             progress.turns.append(progress.replay[ctx.turn])
