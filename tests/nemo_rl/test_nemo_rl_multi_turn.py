@@ -81,7 +81,13 @@ def test_a_multi_turn_run_killed_twice_loses_nothing(tmp_path: Path) -> None:
         enabled=True,
         seed=5,
         timeout_s=2400,
-        overrides=["++grpo.max_rollout_turns=3", "++partial_rollout_cpu.turns=3"],
+        # Replies of up to 160 tokens, as this test ran before the demo's config went to 96: one CI run of it
+        # at 96 ended with exit status 1, its log lost with the run; a run alone here passed.
+        overrides=[
+            "++grpo.max_rollout_turns=3",
+            "++partial_rollout_cpu.turns=3",
+            "++policy.generation.max_new_tokens=160",
+        ],
         kills=2,
     )
     events = list(read_events(tmp_path / "events.jsonl"))
