@@ -35,7 +35,7 @@ def test_ray_pool_cut_resumes_on_a_local_engine(loop_thread, tiny_llama: Path) -
         f"r{i}": (
             [rng.randrange(4, 500) for _ in range(rng.randrange(8, 60))],
             SamplingSpec(
-                max_tokens=600,
+                max_tokens=300,
                 temperature=0.0 if i % 3 == 0 else 1.0,
                 seed=None if i % 3 == 0 else 10 + i,
                 ignore_eos=True,
