@@ -81,8 +81,6 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
         DATUM_KEY,
         GROUP_KEY,
         NEMO_GROUP_KEY,
-        GenerationSettings,
-        Session,
     )
 
     fp, spec = fingerprints(), sample(0, SampleState.NOT_STARTED).sampling
@@ -99,23 +97,7 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
     killed.events.close()
 
     # NeMo RL's checkpoint holds e0:1 finished (committed after our cut) and lacks e0:2 (taken after its read).
-    settings = GenerationSettings(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=64,
-        max_seq_len=128,
-        stop_token_ids=(),
-        stop_strings=(),
-        seed=0,
-    )
-    session = Session(
-        PartialRolloutsConfig(enabled=True),
-        events_path=str(tmp_path / "events.jsonl"),
-        settings=settings,
-        group_size=2,
-        engine=None,
-    )
+    session = _session(tmp_path, group_size=2)
     again = session.restore(session.ledger.load(tmp_path / "step_2"), in_nemo_buffer=["uuid-a"])
     assert [d[GROUP_KEY] for d in again] == ["e0:2"]  # dispatched again: its finished samples return at once
     assert session.ledger["e0:1"].state is GroupState.READY and session.ledger["e0:2"].state is GroupState.IN_FLIGHT
@@ -141,27 +123,32 @@ def test_a_group_nemo_rl_committed_after_our_cut_is_saved_again_as_we_hold_it(tm
 def test_an_environment_step_that_returns_after_its_group_was_aborted_is_dropped(tmp_path) -> None:
     """An environment step returns in a worker thread and is recorded later on the loop: NeMo RL may
     have aborted the group meanwhile (a stale abort at a weight sync), or the run ended."""
-    from partial_rollout.ledger import EventLog, WorkLedger
-    from partial_rollout_integrations.nemo_rl.session import GenerationSettings, SampleContext, Session
+    from partial_rollout_integrations.nemo_rl.session import SampleContext
+
+    session = _session(tmp_path, group_size=1)
+    ctx = SampleContext("e0:7", 0)
+    session.on_env_step(ctx, env_return=None)  # its group was forgotten: nothing to record, nothing raised
+    assert ctx.turn == 0 and session.turn_of("e0:7", 0) == 0
+
+
+def _session(tmp_path, *, group_size: int):
+    """A flag-on session with no engine, its event log in ``tmp_path``."""
+    from partial_rollout_integrations.nemo_rl.session import GenerationSettings, Session
 
     settings = GenerationSettings(
         temperature=1.0,
         top_p=1.0,
         top_k=-1,
-        max_new_tokens=8,
-        max_seq_len=64,
+        max_new_tokens=64,
+        max_seq_len=128,
         stop_token_ids=(),
         stop_strings=(),
         seed=0,
     )
-    WorkLedger(EventLog(tmp_path / "events.jsonl", fresh=True)).events.close()
-    session = Session(
+    return Session(
         PartialRolloutsConfig(enabled=True),
         events_path=str(tmp_path / "events.jsonl"),
         settings=settings,
-        group_size=1,
+        group_size=group_size,
         engine=None,
     )
-    ctx = SampleContext("e0:7", 0)
-    session.on_env_step(ctx, env_return=None)  # its group was forgotten: nothing to record, nothing raised
-    assert ctx.turn == 0 and session.turn_of("e0:7", 0) == 0
