@@ -98,7 +98,7 @@ def test_resume_after_restart_is_exact(arch: str, loop_thread, tiny_llama: Path,
     model = tiny_llama if arch == "llama" else tiny_qwen2
     # float32: on a CPU with AMX, vLLM's bf16 attention takes its AMX kernel, whose one-pass prefill of
     # the 1,550-token context differs from the decode steps enough to flip 2 of 200 seeded tokens in
-    # the same schedule (CI, 2026-12); float32 takes the non-AMX kernel, as test_engine_pool.py does.
+    # the same schedule (CI, 2026-12); float32 takes the non-AMX kernel, as test_many_engines.py does.
     config = EngineConfig(model=str(model), max_model_len=2048, multiprocessing=False, dtype="float32")
     work = _workload()
     exact_kinds = [rid for rid in work if rid not in ("penalty", "unseeded")]
