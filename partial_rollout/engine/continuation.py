@@ -39,6 +39,12 @@ def to_vllm_params(
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    stop = (list(sampling.stop) or None) if match_stop_strings else None
+    options = sampling_options.to_vllm(sampling.extra)
+    # The adapter keeps token ids, never text: vLLM decodes text only to match stop strings on it (or
+    # where the caller asked). Decoding every output token (and the sampled token of each logprob)
+    # was most of vLLM's front-end work per token, on the process that also streams the outputs.
+    options.setdefault("detokenize", stop is not None)
     return SamplingParams(
         n=1,
         temperature=sampling.temperature,
@@ -46,7 +52,7 @@ def to_vllm_params(
         top_k=sampling.top_k,
         min_p=sampling.min_p,
         seed=sampling.seed,
-        stop=(list(sampling.stop) or None) if match_stop_strings else None,
+        stop=stop,
         stop_token_ids=list(sampling.stop_token_ids) or None,
         ignore_eos=sampling.ignore_eos,
         presence_penalty=sampling.presence_penalty,
@@ -57,7 +63,7 @@ def to_vllm_params(
         logprobs=max(0, sampling.logprobs),
         output_kind=RequestOutputKind.DELTA,
         extra_args=vllm_internals.encode_sampler_state(sampler_state) if sampler_state else None,
-        **sampling_options.to_vllm(sampling.extra),
+        **options,
     )
 
 
