@@ -28,6 +28,7 @@ Run from the repository root::
     python -m benchmarks.steady_state               # 5 reps x 7 configurations, about 30 minutes on 2 cores
     python -m benchmarks.steady_state --quick       # 1 rep, 64 x 64 tokens: a few minutes
     python -m benchmarks.steady_state --configs vllm-ray-1 pool-ray-1 --reps 3
+    python -m benchmarks.steady_state --configs vllm engine --plain-no-text --out /tmp/no_text  # streaming's own cost
     python -m benchmarks.steady_state --configs vllm-ray-1 pool-ray-1-streams --out /tmp/before  # the old transport
     python -m benchmarks.steady_state --report benchmarks/results/steady_state.json   # the tables again
 
@@ -87,6 +88,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="final",
         help="how the plain vLLM baselines read outputs (default final: the final output only, their fastest)",
     )
+    ap.add_argument(
+        "--plain-no-text",
+        action="store_true",
+        help="the plain vLLM baselines ask for no text either (detokenize=False), as this library's engines do:"
+        " what streaming every token costs by itself (default: vLLM's default, text decoded)",
+    )
     ap.add_argument("--model", default=None, help="model folder (default: the tiny Llama)")
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--kv-cache-bytes", type=int, default=64 * 2**20)
@@ -132,6 +139,7 @@ def child(args: argparse.Namespace) -> int:
             seed=args.seed,
             vocab_size=vocab,
             output_kind=args.output_kind,
+            plain_text=not args.plain_no_text,
         )
     )
     args.child_out.write_text(json.dumps(result))
@@ -175,6 +183,7 @@ def _argv(args: argparse.Namespace, name: str, out: Path) -> list[str]:
         *("--warm-up-tokens", str(args.warm_up_tokens), "--seed", str(args.seed)),
         *("--output-kind", args.output_kind, "--max-model-len", str(args.max_model_len)),
         *("--kv-cache-bytes", str(args.kv_cache_bytes)),
+        *(["--plain-no-text"] if args.plain_no_text else []),
     ]
 
 

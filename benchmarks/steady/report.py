@@ -127,7 +127,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     cfg = result["config"]
     a.set_title(
         f"{cfg['requests']} requests x {cfg['max_tokens']} tokens, temperature 1, sampled logprob; plain vLLM reads"
-        f" {cfg.get('output_kind', 'final')} outputs (median of {cfg['reps']}, min-max)",
+        f" {cfg.get('output_kind', 'final')} outputs{', no text' if cfg.get('plain_no_text') else ''}"
+        f" (median of {cfg['reps']}, min-max)",
         fontsize=9,
     )
     labels = list(compared)

@@ -120,10 +120,13 @@ async def plain_generate(llm: Any, request_id: str, prompt: list[int], params: A
 class Runner:
     """One configuration: ``generate`` one request, the pids to read CPU time from, ``close``."""
 
-    def __init__(self, name: str, config: EngineConfig, output_kind: str) -> None:
+    def __init__(self, name: str, config: EngineConfig, output_kind: str, *, plain_text: bool = True) -> None:
         self.name = name
         self.config = config
         self.output_kind = output_kind
+        self.plain_text = plain_text
+        """Whether plain vLLM decodes text (its default); this library's engines ask for none unless stop strings
+        need it."""
         self.target: Any = None
         self.actors: list[Any] = []
         self.pids: dict[str, int] = {"driver": os.getpid()}
@@ -173,7 +176,13 @@ class Runner:
             self.output_kind, RequestOutputKind.CUMULATIVE
         )
         return SamplingParams(
-            temperature=1.0, seed=request.seed, max_tokens=max_tokens, ignore_eos=True, logprobs=0, output_kind=kind
+            temperature=1.0,
+            seed=request.seed,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            logprobs=0,
+            output_kind=kind,
+            detokenize=self.plain_text,
         )
 
     async def generate(self, request_id: str, request: Request, max_tokens: int, index: int) -> tuple[int, int]:
@@ -257,6 +266,7 @@ async def run(
     seed: int,
     vocab_size: int,
     output_kind: str,
+    plain_text: bool = True,
 ) -> dict[str, Any]:
     """Start ``name``'s engines, warm them up (one round of short requests), then time ``rounds`` rounds.
 
@@ -267,7 +277,7 @@ async def run(
         from partial_rollout.pool import connect_ray
 
         connect_ray(None, object_store_memory=256 * 2**20, log_to_driver=False)
-    runner = Runner(name, config, output_kind)
+    runner = Runner(name, config, output_kind, plain_text=plain_text)
     started = time.perf_counter()
     await runner.start()
     start_s = time.perf_counter() - started
