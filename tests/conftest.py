@@ -30,6 +30,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A Ray call after a test's ``ray.shutdown`` (a task it left running) raises instead of silently
 # starting a new local cluster that the next test's ``ray.init`` then trips over.
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+# Ray starts an idle worker per CPU for a cluster's first driver, to hide a worker's start-up. The tests'
+# actors mostly run in other interpreters (an engine's, verl's), where those workers go unused: measured
+# here, 5 processes and about 4 CPU-s fewer per local cluster started with num_cpus=8.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,6 +1,6 @@
 """An engine that dies mid-run loses no tokens: its requests continue on the engines left.
 
-The engine tests kill real Ray actors (``ray.kill``; the trainer tests SIGKILL the actor's processes)
+The engine tests kill real Ray actors (``ray.kill``; the trainer test SIGKILLs the actor's processes)
 under real vLLM engines on the tiny Llama:
 one of three while requests are in flight (every request finishes, none is lost or duplicated, no
 token the pool had received is generated again, and the engines that take its requests count only
@@ -12,6 +12,7 @@ what was received).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -330,16 +331,30 @@ async def kill_holding_tokens(pool: EnginePool, engine: int) -> None:
             os.kill(pid, signal.SIGCONT)
 
 
+async def _trained_after(events_path: Path, failovers: int) -> None:
+    """Wait until a training step consumed a group after the ``failovers``-th failover was logged."""
+    while True:
+        events = list(read_events(events_path))
+        logged = [e["seq"] for e in events if e.get("kind") == ENGINE_FAILOVER]
+        if len(logged) >= failovers and any(
+            e["event"] == EventKind.CONSUME and e["seq"] > logged[failovers - 1] for e in events
+        ):
+            return
+        await asyncio.sleep(0.2)
+
+
 def train_killing(
     loop_thread, config: Any, engine_config: EngineConfig, *, num_engines: int, victims: Sequence[int]
 ) -> dict[str, Any] | NoEngineLeftError:
-    """The reference trainer on ``num_engines`` Ray engines, ``victims`` killed in turn once each holds tokens.
+    """The reference trainer on ``num_engines`` Ray engines, ``victims`` killed in turn once each holds tokens,
+    each after the run trained a step past the failover before it (while engines are left).
 
     Returns the run's summary, or the :class:`NoEngineLeftError` it stopped with.
     """
     ray = pytest.importorskip("ray")
     from partial_rollout_integrations.reference_grpo import run_training
 
+    events_path = Path(config.logger.log_dir) / "events.jsonl"
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, log_to_driver=False)
     try:
 
@@ -347,7 +362,9 @@ def train_killing(
             pool = await EnginePool.ray(engine_config, num_engines)
             run = asyncio.ensure_future(run_training(config, engine=pool, progress=False))
             try:
-                for victim in victims:
+                for killed, victim in enumerate(victims):
+                    if killed:
+                        await asyncio.wait_for(_trained_after(events_path, killed), timeout=600)
                     await asyncio.wait_for(kill_holding_tokens(pool, victim), timeout=600)
                 try:
                     summary: dict[str, Any] = await run
@@ -364,42 +381,27 @@ def train_killing(
 
 @pytest.mark.engine
 @pytest.mark.ray
-def test_a_trainer_run_that_loses_one_of_three_engines_finishes_with_nothing_lost(
+def test_the_reference_trainer_trains_past_each_failover_then_saves_what_it_holds_and_resumes_it(
     loop_thread, tiny_llama: Path, tmp_path: Path
 ) -> None:
-    """Three Ray engines, one killed once its requests hold tokens: the run reaches its last step, loses nothing."""
-    config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=6)
-    victim = 1
-    summary = train_killing(loop_thread, config, engine_config, num_engines=3, victims=[victim])
-    assert isinstance(summary, dict), summary
-
-    events_path = tmp_path / "logs" / "events.jsonl"
-    (failover,) = [e for e in read_events(events_path) if e.get("kind") == ENGINE_FAILOVER]
-    assert failover["engine"] == victim and failover["requests"] and failover["tokens_carried"] >= 4, failover
-    report = audit(events_path)
-    assert summary["step"] == 6 and report.complete
-    assert (report.lost, report.duplicated, report.stranded) == (0, 0, 0), report.lost_ids + report.duplicated_ids
-    # A failover regenerates nothing: every token the dead engine delivered is kept.
-    assert report.tokens_regenerated == 0
-
-
-@pytest.mark.engine
-@pytest.mark.ray
-def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_no_engine_is_left_then_resumes_it(
-    loop_thread, tiny_llama: Path, tmp_path: Path
-) -> None:
+    """Three Ray engines killed in turn, each once its requests hold tokens: after each of the first two the run
+    trains on the engines left; after the last it saves what it holds; its resume, on one engine in this
+    process, continues every saved prefix, and the run loses, duplicates and regenerates nothing."""
     from partial_rollout.snapshot import load_snapshot
     from partial_rollout_integrations.reference_grpo import run_training
 
-    # max_num_steps: the run cannot end before both engines are killed
+    # max_num_steps: the run cannot end before every engine is killed
     config, engine_config = fast_trainer(tmp_path, tiny_llama, max_num_steps=200)
-    error = train_killing(loop_thread, config, engine_config, num_engines=2, victims=[1, 0])
+    error = train_killing(loop_thread, config, engine_config, num_engines=3, victims=[1, 0, 2])
     assert isinstance(error, NoEngineLeftError), error
 
     events = list(read_events(tmp_path / "logs" / "events.jsonl"))
     failovers = [e for e in events if e.get("kind") == ENGINE_FAILOVER]
-    assert [e["engine"] for e in failovers] == [1, 0]
+    assert [e["engine"] for e in failovers] == [1, 0, 2]
     assert all(e["requests"] and e["tokens_carried"] >= 4 for e in failovers), failovers
+    # the run trained on the engines left after each failover, before the next one
+    for before, after in itertools.pairwise(failovers):
+        assert any(e["event"] == EventKind.CONSUME and before["seq"] < e["seq"] < after["seq"] for e in events)
     assert events[-1]["event"] == EventKind.SAVE_WRITTEN and events[-2]["event"] == EventKind.SAVE
     step = events[-2]["step"]
     assert events[-2]["seq"] > failovers[-1]["seq"]
@@ -421,4 +423,5 @@ def test_the_reference_trainer_logs_each_failover_and_saves_what_it_holds_when_n
     assert loop_thread.run(run_training(resumed, resume=True, progress=False))["step"] == step + 2
     report = audit(tmp_path / "logs" / "events.jsonl")
     assert report.complete and report.lost == report.duplicated == report.stranded == 0, report
+    # a failover regenerates nothing (every token a dead engine delivered is kept), nor does the resume
     assert report.tokens_continued == sum(s.num_tokens for s in continued) and report.tokens_regenerated == 0
