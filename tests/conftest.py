@@ -30,6 +30,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # A Ray call after a test's ``ray.shutdown`` (a task it left running) raises instead of silently
 # starting a new local cluster that the next test's ``ray.init`` then trips over.
 os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+# One OpenMP thread per vLLM engine, unbound (vLLM's own default binds one thread per core of the
+# machine). The suite runs two lanes at once on 2 cores (scripts/test.sh), and an engine whose threads
+# span both cores waits, spinning, at every parallel region for the core the other lane holds: two engine
+# test files side by side here took 314 s and 589 CPU-s with vLLM's default, 175 s and 358 CPU-s like
+# this. Engines the pool pins to a core group (partial_rollout/pool/cluster.py) get their own settings.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Ray starts an idle worker per CPU for a cluster's first driver, to hide a worker's start-up. The tests'
 # actors mostly run in other interpreters (an engine's, verl's), where those workers go unused: measured
 # here, 5 processes and about 4 CPU-s fewer per local cluster started with num_cpus=8.

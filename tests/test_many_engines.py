@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prefill_scores import prefill_gap
 
 from partial_rollout.engine import Cut, EngineConfig, ResumableEngine
 from partial_rollout.engine.factory import make_async_engine
@@ -114,21 +115,6 @@ async def _resume(
     return done, placed, {rid: await scratch[rid] for rid in work}
 
 
-async def _score(llm: Any, tokens: list[int], name: str) -> np.ndarray:
-    """Logprob of each of ``tokens[1:]`` given those before it, from one prefill (its own cache salt:
-    no KV block of an earlier request is reused). The samples here use temperature 0 or 1 and no
-    top-p / top-k, where the recorded (processed) logprobs are these raw ones."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    final = None
-    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
-    async for out in llm.generate(TokensPrompt(prompt_token_ids=tokens, cache_salt=f"score-{name}"), params, name):
-        final = out
-    assert final is not None and final.prompt_logprobs is not None
-    return np.array([lp[t].logprob for lp, t in zip(final.prompt_logprobs[1:], tokens[1:], strict=True)])
-
-
 async def _continuation_floor(
     pool: EnginePool, llm: Any, work: Work, ref: dict[str, SampleRecord], cut: Cut, resumed: dict[str, SampleRecord]
 ) -> float:
@@ -139,8 +125,7 @@ async def _continuation_floor(
     in two halves, one after the other (other batches than all together)."""
     floor = 0.0
     for rid in work:
-        scored = await _score(llm, work[rid][0] + ref[rid].token_ids.tolist(), rid)
-        floor = max(floor, float(np.abs(scored[len(work[rid][0]) - 1 :] - ref[rid].logprobs).max()))
+        floor = max(floor, await prefill_gap(llm, work[rid][0], ref[rid].token_ids, ref[rid].logprobs, rid))
     for half in (list(work)[::2], list(work)[1::2]):
         again = await asyncio.gather(
             *[pool.generate(f"half-{rid}", *work[rid], index=0, resume_from=cut.samples[rid]) for rid in half]
