@@ -68,7 +68,7 @@ SETUPS+=("scripts/setup_triton_interpreter.sh")
 # 50% slower than before) 3,943 s and 4,435 s; a fourth (one verl run and two reference-trainer runs
 # fewer) 3,436 s and 3,695 s, this file 120 s of the environments lane's, which the verl kill test's
 # fixture alone moves by more from run to run (539 s to 1,006 s): the lanes stay as they are.
-ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl)
+ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl tests/skyrl)
 BALANCE_TESTS=(tests/test_engine_fault_injection.py)
 
 lanes=1
