@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the project (scripts/setup.sh; then at once NeMo RL's controller environment with
-# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh, the vLLM version matrix's with
+# scripts/setup_nemo_rl.sh, verl's with scripts/setup_verl.sh, SkyRL's with scripts/setup_skyrl.sh, the vLLM version matrix's with
 # scripts/setup_vllm_matrix.sh and Triton's interpreter with scripts/setup_triton_interpreter.sh),
 # check lint, format and types, then run the whole test suite against a real vLLM engine. The NeMo RL
 # tests run when NEMO_RL_SRC points at a NeMo RL checkout (it defaults to ../shared/third_party/nemo-rl
@@ -59,6 +59,7 @@ if [[ -n "${NEMO_RL_SRC:-}" ]]; then
   [[ "${PARTIAL_ROLLOUT_VLLM_MATRIX:-1}" != 0 ]] || SETUPS+=("scripts/setup_vllm_matrix.sh 0.25.1")
 fi
 SETUPS+=("scripts/setup_verl.sh")
+SETUPS+=("scripts/setup_skyrl.sh")
 # Triton, in a folder of its own (never in .venv), for vLLM's V2 Gumbel kernel under Triton's interpreter.
 SETUPS+=("scripts/setup_triton_interpreter.sh")
 # The tests that need an environment besides .venv: the environments lane runs them. Then, for balance,

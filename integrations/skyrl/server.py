@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -106,9 +108,13 @@ class _Running:
 class SessionServer:
     """The body of one server (see the module docstring): samples by session, cut and restore."""
 
-    def __init__(self, engine: ResumableEngine, *, seed: int = 0) -> None:
+    def __init__(self, engine: ResumableEngine, *, seed: int = 0, request_log: Path | None = None) -> None:
         self.engine = engine
-        self._seed = seed
+        self._log = None if request_log is None else open(request_log, "a", encoding="utf-8")  # noqa: SIM115
+        """One line per request started and ended (``--request-log``): what a test counts as regenerated."""
+        self._note("", "serve")  # a line per server start: a restart's requests follow it
+        self.seed = seed
+        """The run's seed: a sampled session's seed derives from it and the session id."""
         self._open = asyncio.Event()
         self._open.set()
         self._running: dict[str, _Running] = {}
@@ -130,7 +136,7 @@ class SessionServer:
         if session is None:
             self.untracked += 1
             self._attempts += 1
-            spec = sampling_spec(params, session=None, seed=self._seed)
+            spec = sampling_spec(params, session=None, seed=self.seed)
             return await self.engine.generate(f"untracked/{self._attempts}", prompt, spec, index=0)
         if session in self._running:
             raise ValueError(f"session {session!r} is already generating (SkyRL sends each sample once)")
@@ -140,10 +146,11 @@ class SessionServer:
         if base is not None and base.record.state is SampleState.FINISHED:
             self.replayed += 1
             self._done[session] = base
+            self._note(session, "replayed", tokens=base.record.num_tokens)
             return base.record
         index = split_session(session)[1]
         if base is None:
-            spec = sampling_spec(params, session=session, seed=self._seed)
+            spec = sampling_spec(params, session=session, seed=self.seed)
             submitted, continued = SampleRecord(index=index, state=SampleState.NOT_STARTED, sampling=spec), 0
         else:
             spec, submitted, continued = base.record.sampling, base.record, base.continued_tokens
@@ -154,14 +161,21 @@ class SessionServer:
             self.engine.generate(rid, prompt, spec, index=index, resume_from=None if base is None else base.record)
         )
         self._running[session] = _Running(rid, prompt, task, submitted, continued)
+        self._note(session, "start", prefix=submitted.num_tokens)
         try:
             record = await task
         finally:
             del self._running[session]
+        self._note(session, "end", tokens=record.num_tokens, prefix=submitted.num_tokens)
         self._done[session] = HeldSample(
             session=session, prompt_token_ids=prompt, record=record, continued_tokens=continued
         )
         return record
+
+    def _note(self, session: str, event: str, **fields: int) -> None:
+        if self._log is not None:
+            self._log.write(json.dumps({"session": session, "event": event, **fields}) + "\n")
+            self._log.flush()
 
     # ---------------------------------------------------------------- SkyRL's control plane
 
@@ -315,6 +329,7 @@ def app(server: SessionServer, *, model_name: str, decode: Callable[[list[int]],
             {
                 "policy_version": server.engine.policy_version,
                 "fingerprints": fingerprints.to_json(),
+                "seed": server.seed,
                 "tokens_generated": progress.tokens_received,
                 "tokens_continued": server.continued_tokens,
                 "replayed": server.replayed,
@@ -327,13 +342,15 @@ def app(server: SessionServer, *, model_name: str, decode: Callable[[list[int]],
     return application
 
 
-async def serve(config: EngineConfig, *, host: str, port: int, seed: int, policy_version: int) -> None:
+async def serve(
+    config: EngineConfig, *, host: str, port: int, seed: int, policy_version: int, request_log: Path | None
+) -> None:
     """Start the engine, serve until SIGTERM or SIGINT, then stop the engine."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
     engine = await ResumableEngine.start(config, policy_version=policy_version)
-    server = SessionServer(engine, seed=seed)
+    server = SessionServer(engine, seed=seed, request_log=request_log)
     runner = web.AppRunner(app(server, model_name=config.model, decode=tokenizer.decode))
     try:
         await runner.setup()
@@ -358,12 +375,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--policy-version", type=int, default=0, help="the version of the weights in --model")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--request-log", type=Path, default=None, help="append a line per request started and ended")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     config = EngineConfig(
         model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, max_model_len=args.max_model_len
     )
-    asyncio.run(serve(config, host=args.host, port=args.port, seed=args.seed, policy_version=args.policy_version))
+    asyncio.run(
+        serve(
+            config,
+            host=args.host,
+            port=args.port,
+            seed=args.seed,
+            policy_version=args.policy_version,
+            request_log=args.request_log,
+        )
+    )
 
 
 if __name__ == "__main__":
