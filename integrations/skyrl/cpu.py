@@ -156,21 +156,47 @@ class CpuTraining:
         """The dispatch is already set."""
 
     async def _run_training(self, training_input: Any) -> dict[str, Any]:
-        """One fake step: the weights move (seeded by the step), and the step's uids are logged."""
+        """One fake step: the weights move (seeded by the step), and what the step trains on is logged:
+        each sample's uid, repetition, response tokens and rollout logprobs, as SkyRL's batch holds them."""
         step = int(self.global_step)  # type: ignore[attr-defined]
         policy = self.dispatch.policy
         await asyncio.to_thread(policy.step)
         assert policy.version == step, f"policy version {policy.version} at SkyRL step {step}"
-        uids = sorted(set(map(str, training_input.metadata["uids"])))
+        rows = [str(uid) for uid in training_input.metadata["uids"]]
         rewards = training_input.get("rewards")
         self.train_log.append(
             EventKind.LOG,
             kind=TRAIN_STEP,
             step=step,
-            uids=uids,
+            uids=sorted(set(rows)),
             reward=None if rewards is None else float(rewards.sum(dim=-1).mean()),
+            samples=_trained_samples(training_input, rows),
         )
         return {"cpu_step": step}
+
+
+def _trained_samples(batch: Any, rows: list[str]) -> list[dict[str, Any]]:
+    """Each row of SkyRL's training batch: its session, response tokens and rollout logprobs.
+
+    Rows are SkyRL's groups one after another, each group's samples in repetition order; a response is
+    the last ``response_mask`` columns of ``sequences``, masked.
+    """
+    mask = batch["response_mask"].bool()
+    responses = batch["sequences"][:, -mask.shape[1] :]
+    logprobs = batch["rollout_logprobs"]
+    seen: dict[str, int] = {}
+    samples = []
+    for i, uid in enumerate(rows):
+        repetition = seen.get(uid, 0)
+        seen[uid] = repetition + 1
+        samples.append(
+            {
+                "session": f"{uid}_{repetition}",
+                "tokens": responses[i][mask[i]].tolist(),
+                "logprobs": None if logprobs is None else logprobs[i][mask[i]].tolist(),
+            }
+        )
+    return samples
 
 
 class CpuTrainer(CpuTraining, FullyAsyncRayPPOTrainer):  # type: ignore[misc]
@@ -201,9 +227,10 @@ class CpuExp(PartialRolloutExp):
     - the dataset with one preprocessing process (SkyRL's hard-codes 8) and a chat template.
     """
 
-    def __init__(self, cfg: Any, *, model: Path, kill: KillPoint | None) -> None:
+    def __init__(self, cfg: Any, *, model: Path, kill: KillPoint | None, noise: float = NOISE) -> None:
         self.model = model
         self.kill = kill
+        self.noise = noise
         super().__init__(cfg)
         if self.events is None:
             self.events = EventLog(Path(cfg.trainer.ckpt_path) / EVENTS_FILE)
@@ -253,7 +280,7 @@ class CpuExp(PartialRolloutExp):
         return CpuPartialRolloutTrainer if self.block.enable else CpuTrainer
 
     def trainer_kwargs(self) -> dict[str, Any]:
-        policy = NoisyPolicy(self.model, Path(self.cfg.trainer.ckpt_path).parent / "weights", noise=NOISE)
+        policy = NoisyPolicy(self.model, Path(self.cfg.trainer.ckpt_path).parent / "weights", noise=self.noise)
         return {
             **super().trainer_kwargs(),
             "policy": policy,
@@ -371,6 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ckpt-interval", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--kill", default=None, help="after_save:STEP or inside_save:STEP (tests)")
+    parser.add_argument("--noise", type=float, default=NOISE, help="each step's weight noise (0: weights never change)")
     args = parser.parse_args(argv)
     kill = None if args.kill is None else KillPoint.parse(args.kill)
     work = args.work.absolute()
@@ -383,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _start_ray(cfg)
         wait_ready(urls, servers)
-        CpuExp(cfg, model=args.model.absolute(), kill=kill).run()
+        CpuExp(cfg, model=args.model.absolute(), kill=kill, noise=args.noise).run()
     finally:
         for server in servers:
             server.terminate()

@@ -17,6 +17,10 @@ anew (0 regenerated), none is left unasked at the end (0 stranded), and tokens a
 Flag off, two runs (killed once, then to the end): what SkyRL regenerates at the same kill is
 measured from the server's request log (the groups it generated before the kill and again after,
 and their tokens finished before the kill) and printed.
+
+The flag-on side's weights never change (each step still counts a new policy version), so each
+continued sample, as SkyRL's training batch holds it, is compared with the same sample drawn
+uninterrupted on a fresh engine.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from partial_rollout.engine import EngineConfig, ResumableEngine
 from partial_rollout.ledger import TRAIN_STEP, EventKind, read_events
 from partial_rollout.snapshot import SampleState, load_snapshot
 from partial_rollout_integrations.kill_resume import kill_session
@@ -46,6 +52,8 @@ PROMPTS = 12
 BATCH = 2
 STEPS = PROMPTS // BATCH
 LATEST = "latest_ckpt_global_step.txt"
+NUMERICS = 1e-4
+"""|logprob difference| allowed between a decode and a continuation's re-prefill in float32."""
 
 
 @dataclass
@@ -66,11 +74,12 @@ class Side:
         return int((self.work / "ckpt" / LATEST).read_text())
 
 
-def _run(side: Side, port: int, *, enable: bool, kill: str | None) -> int:
+def _run(side: Side, port: int, *, enable: bool, kill: str | None, noise: float | None = None) -> int:
     """One run in a session of its own; what it started is killed once it ends (it SIGKILLs itself)."""
     command = [str(PYTHON), "-m", "partial_rollout_integrations.skyrl.cpu", "--work", str(side.work)]
     command += ["--model", str(side.model), "--port", str(port), "--prompts", str(PROMPTS), "--batch", str(BATCH)]
     command += [*(["--enable"] if enable else []), *(["--kill", kill] if kill else [])]
+    command += ["--noise", str(noise)] if noise is not None else []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env
@@ -90,25 +99,27 @@ def _committed(ckpt: Path) -> dict[str, str]:
     }
 
 
-def _killed(side: Side, port: int, *, enable: bool, kill: str) -> None:
-    rc = _run(side, port, enable=enable, kill=kill)
+def _killed(side: Side, port: int, *, enable: bool, kill: str, noise: float | None = None) -> None:
+    rc = _run(side, port, enable=enable, kill=kill, noise=noise)
     assert rc == -9, f"the run should have killed itself ({kill}); it ended {rc}:\n{side.outputs[-1][-6000:]}"
     side.resumed_from.append(side.latest())
 
 
 def flag_on(side: Side, port: int) -> Side:
-    _killed(side, port, enable=True, kill="after_save:2")
+    """Weights that never change (``--noise 0``, versions still counted): a continued sample can then be
+    compared with the same sample drawn uninterrupted."""
+    _killed(side, port, enable=True, kill="after_save:2", noise=0.0)
     first = side.resumed_from[-1]
     before = _committed(side.work / "ckpt")
-    _killed(side, port, enable=True, kill=f"inside_save:{first + 2}")
+    _killed(side, port, enable=True, kill=f"inside_save:{first + 2}", noise=0.0)
     assert side.resumed_from[-1] == first, "a kill inside a save must leave the marker at the last committed step"
     inside = side.work / "ckpt" / f"global_step_{first + 2}"
     assert load_snapshot(inside).trainer_step == first + 2, "our snapshot is written before SkyRL's marker"
     left = _committed(side.work / "ckpt")
     changed = [name for name, digest in before.items() if left.get(name) != digest]
     assert not changed, f"the kill inside the save of step {first + 2} changed committed files: {changed}"
-    _killed(side, port, enable=True, kill=f"after_save:{first + 2}")
-    rc = _run(side, port, enable=True, kill=None)
+    _killed(side, port, enable=True, kill=f"after_save:{first + 2}", noise=0.0)
+    rc = _run(side, port, enable=True, kill=None, noise=0.0)
     assert rc == 0, f"the last run failed ({rc}):\n{side.outputs[-1][-6000:]}"
     return side
 
@@ -147,18 +158,25 @@ def _attempts(events: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return runs
 
 
-def _trained(side: Side) -> dict[str, list[int]]:
-    """uid -> the steps that trained it, over the runs that count: each killed run up to the step the
-    next one resumed from (later steps died with it), and the last run whole."""
-    attempts = _attempts(side.events)
-    trained: dict[str, list[int]] = {}
-    for i, attempt in enumerate(attempts):
+def _counted_steps(side: Side) -> list[dict[str, Any]]:
+    """The ``train_step`` events of the runs that count: each killed run up to the step the next one
+    resumed from (later steps died with it), and the last run whole."""
+    steps = []
+    for i, attempt in enumerate(_attempts(side.events)):
         until = side.resumed_from[i] if i < len(side.resumed_from) else None
         for event in attempt:
             counts = until is None or event.get("step", 0) <= until
             if event["event"] == EventKind.LOG and event.get("kind") == TRAIN_STEP and counts:
-                for uid in event["uids"]:
-                    trained.setdefault(uid, []).append(event["step"])
+                steps.append(event)
+    return steps
+
+
+def _trained(side: Side) -> dict[str, list[int]]:
+    """uid -> the steps that trained it."""
+    trained: dict[str, list[int]] = {}
+    for event in _counted_steps(side):
+        for uid in event["uids"]:
+            trained.setdefault(uid, []).append(event["step"])
     return trained
 
 
@@ -216,6 +234,50 @@ def test_flag_on_killed_three_times_loses_nothing_and_continues_every_saved_samp
     assert continued > 0, "no saved prefix was continued"
     saves = [e for e in side.events if e["event"] == EventKind.SAVE]
     assert any(e["prefix_tokens"] > 0 for e in saves)
+
+
+def test_flag_on_continued_samples_train_on_their_uninterrupted_draw(
+    runs: Runs, tiny_llama: Path, loop_thread: Any
+) -> None:
+    """Each sample a resume continued from a saved prefix, as SkyRL's training batch holds it, equals the
+    same sample drawn uninterrupted on a fresh float32 engine: its tokens, and its rollout logprobs to
+    1e-4 (decode against re-prefill). SkyRL's generator appends an EOS to a sample that ended on a stop
+    it does not count as one; only the drawn tokens are compared."""
+    side = runs.on
+    trained = {s["session"]: s for event in _counted_steps(side) for s in event["samples"]}
+    continued: dict[str, tuple[list[int], Any]] = {}
+    for run, start in zip(_requests(side, 18810)[1:], side.resumed_from, strict=True):
+        snapshot = load_snapshot(side.work / "ckpt" / f"global_step_{start}")
+        saved = {
+            f"{group.group_id}_{sample.index}": (group.prompt_token_ids.tolist(), sample)
+            for group, sample in snapshot.iter_samples(SampleState.IN_FLIGHT)
+        }
+        for event in run:
+            if event["event"] == "start" and event["prefix"] > 0 and event["session"] in saved:
+                continued[event["session"]] = saved[event["session"]]
+    compared = {session: continued[session] for session in continued if session in trained}
+    assert compared, f"no continued sample was trained on (continued: {sorted(continued)})"
+
+    async def draw() -> dict[str, Any]:
+        config = EngineConfig(model=str(tiny_llama), dtype="float32", max_model_len=1024, multiprocessing=False)
+        engine = await ResumableEngine.start(config)
+        try:
+            return {
+                session: await engine.generate(f"fresh/{session}", prompt, saved.sampling, index=saved.index)
+                for session, (prompt, saved) in compared.items()
+            }
+        finally:
+            await engine.shutdown()
+
+    fresh = loop_thread.run(draw())
+    for session, record in fresh.items():
+        got = trained[session]
+        drawn = record.token_ids.tolist()
+        assert got["tokens"][: len(drawn)] == drawn, f"{session}: SkyRL trained on other tokens than the draw"
+        assert len(got["tokens"]) - len(drawn) in (0, 1), f"{session}: {len(got['tokens'])} vs {len(drawn)} tokens"
+        gap = np.max(np.abs(np.array(got["logprobs"][: len(drawn)]) - record.logprobs))
+        assert gap < NUMERICS, f"{session}: rollout logprobs differ from the draw's by {gap}"
+    print(f"skyrl flag on: {len(fresh)} continued samples trained on exactly their uninterrupted draw")
 
 
 def test_flag_on_resumed_groups_keep_the_step_they_were_scheduled_at(runs: Runs) -> None:
