@@ -11,7 +11,8 @@ Usage (in SkyRL's environment, ``.venv-skyrl``: ``bash scripts/setup_skyrl.sh``)
 
 It stands where SkyRL's fully async example entry point stands (a ``BasePPOExp`` whose trainer is
 ``FullyAsyncRayPPOTrainer``): with the flag off, that is what runs, nothing of ours installed. With
-it on, the settings are checked first (each refusal one line naming the key, exit status 3), and the
+it on, the settings are checked first (each refusal one line naming the key, exit status 3), then
+that this SkyRL has every name the integration uses (:mod:`.seams`), and the
 trainer is :class:`~.trainer.PartialRolloutTrainer`; the servers are the durable servers of
 :mod:`.server`, named as SkyRL's external servers.
 
@@ -33,11 +34,13 @@ def parse(overrides: list[str]) -> Any:
 
     from partial_rollout_integrations.skyrl.config import PartialRolloutTrainConfig
     from partial_rollout_integrations.skyrl.experiment import check_supported
+    from partial_rollout_integrations.skyrl.seams import check_seams
 
     try:
         cfg = PartialRolloutTrainConfig.from_cli_overrides(overrides)
         if cfg.trainer.fully_async.partial_rollout_checkpoint.enable:
             check_supported(cfg)
+            check_seams()
     except (BadInputError, ValueError) as e:
         print(f"partial-rollout: {e}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

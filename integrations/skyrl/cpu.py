@@ -37,6 +37,7 @@ from partial_rollout_integrations.noisy_policy import NoisyPolicy
 from partial_rollout_integrations.skyrl.__main__ import parse
 from partial_rollout_integrations.skyrl.checkpoint import Servers
 from partial_rollout_integrations.skyrl.experiment import EVENTS_FILE, PartialRolloutExp
+from partial_rollout_integrations.skyrl.seams import check_cpu_seams
 from partial_rollout_integrations.skyrl.trainer import PartialRolloutTrainer
 
 NOISE = 1e-3
@@ -407,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     ports = [args.port + i for i in range(args.servers)]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     cfg = parse(overrides(work, args.model.absolute(), urls, prompts=prompts, args=args))
+    check_cpu_seams()
     servers = start_servers(args.engine_python, args.model, ports=ports, seed=args.seed, logs=work / "logs")
     try:
         _start_ray(cfg)

@@ -1,4 +1,5 @@
-"""The flag in SkyRL's own config, and the settings partial rollouts refuse at set-up, on SkyRL 0.4.0.
+"""The flag in SkyRL's own config, the settings partial rollouts refuse at set-up, and the seams probe, on
+SkyRL 0.4.0.
 
 One interpreter of SkyRL's environment (``.venv-skyrl``) parses each case with the entry point's own
 :func:`~partial_rollout_integrations.skyrl.__main__.parse` (SkyRL's import costs about 15 s of CPU,
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+
+from partial_rollout_integrations.skyrl import seams
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv-skyrl" / "bin" / "python"
@@ -56,11 +59,16 @@ for name, overrides in json.loads(sys.argv[1]).items():
         results[name] = {"enable": block.enable, "timeout": block.request_timeout_s}
     except SystemExit as e:
         results[name] = {"exit": e.code, "stderr": err.getvalue()}
+from partial_rollout_integrations.skyrl import seams
+seams.check_seams()
+seams.check_cpu_seams()
+results["seams"] = seams.installed_version()
 print("RESULTS " + json.dumps(results))
 """
 
 
 def test_the_flag_parses_in_skyrls_config_and_what_it_cannot_serve_is_refused_by_key() -> None:
+    """Also: the seams probe passes on the installed SkyRL (:mod:`partial_rollout_integrations.skyrl.seams`)."""
     assert PYTHON.is_file(), f"{PYTHON} is missing: run bash scripts/setup_skyrl.sh"
     out = subprocess.run(
         [str(PYTHON), "-c", SCRIPT, json.dumps(CASES)], cwd=ROOT, capture_output=True, text=True, timeout=600
@@ -69,6 +77,7 @@ def test_the_flag_parses_in_skyrls_config_and_what_it_cannot_serve_is_refused_by
     assert out.returncode == 0 and lines, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads(lines[-1].removeprefix("RESULTS "))
 
+    assert results["seams"] in seams.TESTED_VERSIONS, "every SkyRL name the integration uses is in this SkyRL"
     assert results["on"] == {"enable": True, "timeout": 300.0}
     assert results["off"] == {"enable": False, "timeout": 300.0}
     refused = {
