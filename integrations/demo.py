@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
         max_num_steps=steps,
         holding="prefix_tokens",
     )
-    plans = {True: plan, False: dataclasses.replace(plan, holding="samples_unfinished")}
+    # The run without partial rollouts continues nothing, so any save before the last step may be its kill: on a
+    # fast engine its saves can finish every sample first (a CI run's saves of steps 2 to 8 held none unfinished,
+    # those of steps 10 and 12 held 2 and 8), and a run never killed shows no loss.
+    plans = {True: plan, False: dataclasses.replace(plan, holding="samples_unfinished", before_step=steps)}
     print(
         f"kill plan: SIGKILL {plan.after_events} events after the first save from step {plan.from_step}"
         " that holds work (or at the next step if sooner), then resume"
