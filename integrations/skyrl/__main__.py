@@ -23,35 +23,12 @@ training stood in for on CPU.
 from __future__ import annotations
 
 import sys
-from typing import Any
-
-from partial_rollout.errors import EXIT_BAD_INPUT, BadInputError
-
-
-def parse(overrides: list[str]) -> Any:
-    """SkyRL's config with our block, from SkyRL's overrides, checked; a refusal exits 3 with one line."""
-    from skyrl.train.utils import validate_cfg
-
-    from partial_rollout_integrations.skyrl.config import PartialRolloutTrainConfig
-    from partial_rollout_integrations.skyrl.experiment import check_supported
-    from partial_rollout_integrations.skyrl.seams import check_seams
-
-    try:
-        cfg = PartialRolloutTrainConfig.from_cli_overrides(overrides)
-        if cfg.trainer.fully_async.partial_rollout_checkpoint.enable:
-            check_supported(cfg)
-            check_seams()
-    except (BadInputError, ValueError) as e:
-        print(f"partial-rollout: {e}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-    validate_cfg(cfg)
-    return cfg
 
 
 def main(argv: list[str] | None = None) -> None:
     from skyrl.train.utils.utils import initialize_ray
 
-    from partial_rollout_integrations.skyrl.experiment import PartialRolloutExp
+    from partial_rollout_integrations.skyrl.experiment import PartialRolloutExp, parse
 
     cfg = parse(sys.argv[1:] if argv is None else argv)
     initialize_ray(cfg)

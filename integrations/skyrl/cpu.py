@@ -34,9 +34,8 @@ from skyrl.train.fully_async_trainer import FullyAsyncRayPPOTrainer
 from partial_rollout.ledger import TRAIN_STEP, EventKind, EventLog
 from partial_rollout.snapshot import SampleState, load_snapshot
 from partial_rollout_integrations.noisy_policy import NoisyPolicy
-from partial_rollout_integrations.skyrl.__main__ import parse
 from partial_rollout_integrations.skyrl.checkpoint import Servers
-from partial_rollout_integrations.skyrl.experiment import EVENTS_FILE, PartialRolloutExp
+from partial_rollout_integrations.skyrl.experiment import EVENTS_FILE, PartialRolloutExp, parse
 from partial_rollout_integrations.skyrl.seams import check_cpu_seams
 from partial_rollout_integrations.skyrl.trainer import PartialRolloutTrainer
 

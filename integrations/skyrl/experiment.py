@@ -1,16 +1,18 @@
 """SkyRL's experiment with partial rollouts: its ``BasePPOExp``, whose public hooks pick the generator and trainer.
 
-:func:`check_supported` refuses, at set-up, the settings partial rollouts cannot serve.
+:func:`parse` reads SkyRL's overrides into the config with our block; :func:`check_supported` refuses, at
+set-up, the settings partial rollouts cannot serve.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 from skyrl.train.entrypoints.main_base import BasePPOExp
 
-from partial_rollout.errors import BadInputError
+from partial_rollout.errors import EXIT_BAD_INPUT, BadInputError
 from partial_rollout.ledger import EventLog
 
 EVENTS_FILE = "events.jsonl"
@@ -65,6 +67,25 @@ def check_supported(cfg: Any) -> None:
     for refused, key, why in checks:
         if refused:
             raise BadInputError(why, field=key)
+
+
+def parse(overrides: list[str]) -> Any:
+    """SkyRL's config with our block, from SkyRL's overrides, checked; a refusal exits 3 with one line."""
+    from skyrl.train.utils import validate_cfg
+
+    from partial_rollout_integrations.skyrl.config import PartialRolloutTrainConfig
+    from partial_rollout_integrations.skyrl.seams import check_seams
+
+    try:
+        cfg = PartialRolloutTrainConfig.from_cli_overrides(overrides)
+        if cfg.trainer.fully_async.partial_rollout_checkpoint.enable:
+            check_supported(cfg)
+            check_seams()
+    except (BadInputError, ValueError) as e:
+        print(f"partial-rollout: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    validate_cfg(cfg)
+    return cfg
 
 
 class PartialRolloutExp(BasePPOExp):  # type: ignore[misc]

@@ -2,7 +2,7 @@
 SkyRL 0.4.0.
 
 One interpreter of SkyRL's environment (``.venv-skyrl``) parses each case with the entry point's own
-:func:`~partial_rollout_integrations.skyrl.__main__.parse` (SkyRL's import costs about 15 s of CPU,
+:func:`~partial_rollout_integrations.skyrl.experiment.parse` (SkyRL's import costs about 15 s of CPU,
 so the cases share it) and reports how each ended: the config, or the exit status and the one line
 printed.
 """
@@ -48,7 +48,7 @@ CASES: dict[str, list[str]] = {
 
 SCRIPT = """
 import contextlib, io, json, sys
-from partial_rollout_integrations.skyrl.__main__ import parse
+from partial_rollout_integrations.skyrl.experiment import parse
 results = {}
 for name, overrides in json.loads(sys.argv[1]).items():
     err = io.StringIO()
