@@ -67,8 +67,9 @@ SETUPS+=("scripts/setup_triton_interpreter.sh")
 # the other 2,760 s (set-up and matrix included), test_engine_fault_injection.py about 400 s of the
 # core lane's; with it moved, the next runs took 3,184 s and about 3,480 s, 3,943 s and 4,435 s (the
 # machine slower throughout), 3,436 s and 3,695 s (the file 120 s of the environments lane's then).
-# The environments lane was the longer in each; SkyRL's suite (about 330 s, tests/skyrl) joins it, so
-# the file is back in the core lane.
+# The environments lane was the longer in each; SkyRL's suite (tests/skyrl: 330 s alone, about 480 s in
+# a fresh-clone run here) joins it, so the file is back in the core lane. That run (4e6df86, with other
+# work beside it): core lane 4,317 s, environments lane 4,758 s (set-up 647 s, SkyRL's 563 s of it).
 ENV_TESTS=(tests/test_vllm_core.py tests/test_v2_gumbel_interpreter.py tests/verl tests/nemo_rl tests/skyrl)
 BALANCE_TESTS=()
 
