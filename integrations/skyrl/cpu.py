@@ -32,7 +32,7 @@ import ray
 from skyrl.train.fully_async_trainer import FullyAsyncRayPPOTrainer
 
 from partial_rollout.ledger import TRAIN_STEP, EventKind, EventLog
-from partial_rollout.snapshot import SampleState, load_snapshot
+from partial_rollout.snapshot import load_snapshot
 from partial_rollout_integrations.noisy_policy import NoisyPolicy
 from partial_rollout_integrations.skyrl.checkpoint import Servers
 from partial_rollout_integrations.skyrl.experiment import EVENTS_FILE, PartialRolloutExp, parse
@@ -48,7 +48,8 @@ class KillPoint:
     """Where a test's run SIGKILLs itself (``--kill after_save:STEP`` or ``inside_save:STEP``).
 
     ``after_save``: right after a checkpoint of step ``STEP`` or later committed (flag on: the first
-    whose snapshot holds a sample in flight, so a resume has a prefix to continue). ``inside_save``:
+    whose snapshot holds work, in flight or finished and not trained on, so a resume has some to hand
+    back; how much of it is still in flight depends on the machine's speed). ``inside_save``:
     in the save of step ``STEP`` or later, after our snapshot and SkyRL's state file, before SkyRL's model
     save and commit marker. The test then kills what the run started (servers, Ray), as a preempted
     node loses them.
@@ -145,9 +146,8 @@ class CpuTraining:
         if not isinstance(self, PartialRolloutTrainer):  # ours logs its own saves
             self.train_log.append(EventKind.SAVE, step=step, durable=True)
         if self.kill is not None and self.kill.where == "after_save" and step >= self.kill.step:
-            holding = not isinstance(self, PartialRolloutTrainer) or any(
-                True for _ in load_snapshot(folder).iter_samples(SampleState.IN_FLIGHT)
-            )
+            # flag on: a checkpoint holding work to hand back (the last steps' may hold none)
+            holding = not isinstance(self, PartialRolloutTrainer) or bool(load_snapshot(folder).groups)
             if holding:
                 _die()
         return folder

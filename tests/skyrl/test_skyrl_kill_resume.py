@@ -7,7 +7,7 @@ workers, generator, HTTP client, checkpoint and resume), training stood in for b
 SIGKILLed at a point it is given, then everything it started (its server, Ray) is killed as a
 preempted node loses them, and the same command resumes it from SkyRL's latest checkpoint.
 
-Flag on, four runs: killed after a checkpoint (holding samples in flight), killed inside the next
+Flag on, four runs: killed after a checkpoint (holding work to hand back), killed inside the next
 save (after our snapshot and SkyRL's state file, before SkyRL's commit marker: the last committed
 checkpoint must be left byte for byte), killed after a checkpoint again (holding restored work), and
 run to the end. Every prompt is trained exactly once over the runs that count (0 lost, 0 duplicated),
