@@ -26,7 +26,6 @@ import numpy as np
 
 from partial_rollout.errors import BadInputError
 from partial_rollout.snapshot import (
-    SNAPSHOT_FILENAME,
     Fingerprints,
     GroupRecord,
     GroupState,
@@ -35,7 +34,6 @@ from partial_rollout.snapshot import (
     Snapshot,
     load_snapshot,
     sample_seed,
-    save_snapshot,
 )
 from partial_rollout_integrations.skyrl.wire import HeldSample, split_session
 
@@ -55,6 +53,8 @@ class Cut:
     samples: list[HeldSample]
     policy_version: int
     fingerprints: Fingerprints
+    run_seed: int
+    """The servers' seed, from which an unstarted sample's seed derives."""
 
 
 class Servers:
@@ -123,6 +123,7 @@ class Servers:
             samples=list(best.values()),
             policy_version=max(a["policy_version"] for a in answers),
             fingerprints=Fingerprints.from_json(answers[0]["fingerprints"]),
+            run_seed=int(answers[0]["seed"]),
         )
 
     def restore(self, samples: Sequence[HeldSample]) -> None:
@@ -142,7 +143,6 @@ def snapshot_of(
     n: int,
     trainer_step: int,
     scheduled_at: Mapping[str, int],
-    run_seed: int,
     metadata: Mapping[str, Any] | None = None,
 ) -> Snapshot:
     """The snapshot of a cut: one group per uid, ``n`` samples each.
@@ -152,7 +152,6 @@ def snapshot_of(
         trainer_step: the SkyRL step being saved.
         scheduled_at: the step each group was scheduled at, by uid (a resumed group's is the one
             its snapshot recorded; a uid missing here counts as scheduled at ``trainer_step``).
-        run_seed: the servers' seed, from which an unstarted sample's seed derives.
     """
     by_uid: dict[str, dict[int, HeldSample]] = {}
     for sample in cut.samples:
@@ -163,7 +162,7 @@ def snapshot_of(
     groups = []
     for uid, held in sorted(by_uid.items()):
         first = next(iter(held.values()))
-        samples = [held[i].record if i in held else _unstarted(first.record, uid, i, run_seed) for i in range(n)]
+        samples = [held[i].record if i in held else _unstarted(first.record, uid, i, cut.run_seed) for i in range(n)]
         done = all(s.state is SampleState.FINISHED for s in samples)
         step = scheduled_at.get(uid, trainer_step)
         groups.append(
@@ -231,9 +230,3 @@ def load_restored(folder: str | Path, *, expect: Fingerprints) -> Restored:
                     )
                 )
     return Restored(samples=samples, scheduled_at=scheduled_at, snapshot=snapshot)
-
-
-def save(folder: str | Path, snapshot: Snapshot) -> Path:
-    """Write ``snapshot`` into checkpoint ``folder`` atomically; returns the file."""
-    save_snapshot(snapshot, folder)
-    return Path(folder) / SNAPSHOT_FILENAME

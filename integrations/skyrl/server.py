@@ -309,6 +309,7 @@ def app(server: SessionServer, *, model_name: str, decode: Callable[[list[int]],
                 "samples": [s.to_json() for s in samples],
                 "policy_version": server.engine.policy_version,
                 "fingerprints": fingerprints.to_json(),
+                "seed": server.seed,
             }
         )
 
@@ -329,7 +330,6 @@ def app(server: SessionServer, *, model_name: str, decode: Callable[[list[int]],
             {
                 "policy_version": server.engine.policy_version,
                 "fingerprints": fingerprints.to_json(),
-                "seed": server.seed,
                 "tokens_generated": progress.tokens_received,
                 "tokens_continued": server.continued_tokens,
                 "replayed": server.replayed,

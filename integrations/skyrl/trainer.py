@@ -33,8 +33,8 @@ from skyrl.train.trainer import RayPPOTrainer
 
 from partial_rollout.atomic import atomic_write
 from partial_rollout.ledger import EventKind, EventLog
-from partial_rollout.snapshot import SampleState
-from partial_rollout_integrations.skyrl.checkpoint import Servers, load_restored, save, snapshot_of
+from partial_rollout.snapshot import SampleState, save_snapshot
+from partial_rollout_integrations.skyrl.checkpoint import Servers, load_restored, snapshot_of
 
 FULLY_ASYNC_STATE = "fully_async_state.pt"
 """SkyRL's file of trained uids (consumed and filtered) and the epoch, in each checkpoint folder."""
@@ -83,13 +83,11 @@ class PartialRolloutTrainer(FullyAsyncRayPPOTrainer):  # type: ignore[misc]
         cut = self.servers.cut(consumed)
         for uid in consumed:
             self.scheduled_at.pop(uid, None)
-        run_seed = int(self.servers.state()[0]["seed"])
         snapshot = snapshot_of(
             cut,
             n=self.cfg.generator.n_samples_per_prompt,
             trainer_step=self.global_step,
             scheduled_at=self.scheduled_at,
-            run_seed=run_seed,
             metadata={"skyrl_epoch": self.epoch},
         )
         in_flight = [s for _, s in snapshot.iter_samples(SampleState.IN_FLIGHT)]
@@ -102,7 +100,7 @@ class PartialRolloutTrainer(FullyAsyncRayPPOTrainer):  # type: ignore[misc]
             in_flight=len(in_flight),
             finished=sum(1 for _ in snapshot.iter_samples(SampleState.FINISHED)),
         )
-        save(folder, snapshot)
+        save_snapshot(snapshot, folder)
         state = {"consumed_uids": consumed, "filtered_uids": filtered, "epoch": self.epoch}
         with atomic_write(folder / FULLY_ASYNC_STATE) as tmp:
             torch.save(state, tmp)

@@ -20,13 +20,12 @@ import pytest
 from aiohttp import web
 
 from partial_rollout.engine import EngineConfig, ResumableEngine
-from partial_rollout.snapshot import GroupState, SampleState, sample_seed
+from partial_rollout.snapshot import GroupState, SampleState, sample_seed, save_snapshot
 from partial_rollout_integrations.skyrl.checkpoint import (
     STEP_KEY,
     ServerError,
     Servers,
     load_restored,
-    save,
     snapshot_of,
 )
 from partial_rollout_integrations.skyrl.server import SessionServer, app
@@ -152,8 +151,8 @@ def test_a_cut_prefix_saved_and_handed_to_a_restarted_server_continues_the_same_
     task = loop_thread.run(start_and_wait())
     cut = servers.cut([])  # the engine runs on meanwhile
     loop_thread.run(asyncio.wait_for(task, 600))
-    snapshot = snapshot_of(cut, n=3, trainer_step=4, scheduled_at={uid: 2}, run_seed=SEED)
-    save(tmp_path, snapshot)
+    snapshot = snapshot_of(cut, n=3, trainer_step=4, scheduled_at={uid: 2})
+    save_snapshot(snapshot, tmp_path)
 
     (group,) = snapshot.groups
     assert group.group_id == uid and group.state is GroupState.IN_FLIGHT and group.data == {STEP_KEY: 2}
@@ -189,7 +188,7 @@ def test_a_finished_sample_is_replayed_and_a_trained_group_is_forgotten(
     loop_thread.run(served.generate("trained_0"))
     cut = servers.cut(["trained"])
     assert [s.session for s in cut.samples] == [session], "the trained group must leave the server"
-    save(tmp_path, snapshot_of(cut, n=1, trainer_step=1, scheduled_at={}, run_seed=SEED))
+    save_snapshot(snapshot_of(cut, n=1, trainer_step=1, scheduled_at={}), tmp_path)
 
     served.restart()
     restored = load_restored(tmp_path, expect=servers.fingerprints())
